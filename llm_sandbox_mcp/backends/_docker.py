@@ -1,0 +1,283 @@
+"""Docker backend: one hardened container per sandbox, driven through the docker SDK in worker threads."""
+
+# types-docker leaves some low-level API parameters and results unannotated.
+# pyright: reportUnknownMemberType=false, reportUnknownVariableType=false, reportUnknownArgumentType=false
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import PurePosixPath
+from typing import Any, cast
+
+import anyio
+import anyio.to_thread
+import docker
+import docker.errors
+from docker.types import Mount, Ulimit
+
+from llm_sandbox_mcp.backends import _owner
+from llm_sandbox_mcp.backends._stream import pump, send_stdin
+from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure
+from llm_sandbox_mcp.models import WORKDIR, ExecResult, HeadTail, Limits, SandboxRef, SandboxSpec
+
+logger = logging.getLogger(__name__)
+
+SLEEPER = ["sleep", "infinity"]
+CACHE_PREFIX = "llm-sandbox-mcp-libs-"
+
+
+def container_options(spec: SandboxSpec, labels: Mapping[str, str]) -> dict[str, Any]:
+    """The create options that turn `spec` into a hardened container (shared with Podman)."""
+    limits: Limits = spec.limits
+    uid, gid = limits.uid, limits.gid
+    options: dict[str, Any] = {
+        "image": spec.image,
+        "command": SLEEPER,
+        "user": f"{uid}:{gid}",
+        "working_dir": str(WORKDIR),
+        "environment": {"HOME": "/tmp"},
+        "hostname": "sandbox",
+        "labels": dict(labels),
+        "network_mode": limits.network_mode,
+        "read_only": limits.read_only,
+        "cap_drop": list(limits.cap_drop),
+        "security_opt": list(limits.security_opt),
+        "privileged": limits.privileged,
+        "mem_limit": limits.memory_bytes,
+        "memswap_limit": limits.memory_bytes,
+        "nano_cpus": int(limits.cpus * 1e9),
+        "pids_limit": limits.pids,
+        "ulimits": [
+            Ulimit(name="nofile", soft=limits.nofile, hard=limits.nofile),
+            Ulimit(name="nproc", soft=4096, hard=4096),
+            Ulimit(name="core", soft=0, hard=0),
+        ],
+        "tmpfs": {
+            str(WORKDIR): f"rw,exec,nosuid,nodev,size={limits.workspace_bytes},uid={uid},gid={gid},mode=0700",
+            "/tmp": f"rw,exec,nosuid,nodev,size={limits.tmp_bytes},mode=1777",
+        },
+    }
+    if spec.cache is not None:
+        options["mounts"] = [
+            Mount(
+                target=str(spec.cache.target),
+                source=CACHE_PREFIX + spec.cache.key,
+                type="volume",
+                read_only=not spec.cache.writable,
+            )
+        ]
+    return options
+
+
+class DockerBackend:
+    """Sandboxes as Docker containers. The SDK is synchronous, so every call runs in a worker thread."""
+
+    name = "docker"
+
+    def __init__(self, base_url: str | None) -> None:
+        self._base_url = base_url
+        self._client: docker.DockerClient | None = None
+        self._connect_lock = threading.Lock()
+        self._live: set[str] = set()
+
+    def _docker(self) -> docker.DockerClient:
+        with self._connect_lock:
+            if self._client is None:
+                try:
+                    if self._base_url:
+                        self._client = docker.DockerClient(base_url=self._base_url, timeout=120)
+                    else:
+                        self._client = docker.from_env(timeout=120)
+                    self._client.ping()
+                except docker.errors.DockerException as exc:
+                    self._client = None
+                    where = self._base_url or "the default socket (DOCKER_HOST unset)"
+                    raise BackendUnavailable(
+                        f"The Docker engine at {where} does not answer ({exc}). Start Docker, or set DOCKER_HOST "
+                        "to its socket, e.g. unix:///var/run/docker.sock; `llm-sandbox-mcp doctor` checks it."
+                    ) from exc
+            return self._client
+
+    async def create(self, spec: SandboxSpec) -> SandboxRef:
+        container_id = await anyio.to_thread.run_sync(self._create, spec)
+        return SandboxRef(id=container_id, spec=spec)
+
+    def _create(self, spec: SandboxSpec) -> str:
+        client = self._docker()
+        if spec.cache is not None and spec.cache.writable:
+            self._prepare_cache(spec)
+        options = container_options(spec, _owner.owner_labels())
+        try:
+            container = client.containers.run(detach=True, init=True, **options)
+        except docker.errors.ImageNotFound as exc:
+            raise ImageMissing(
+                f"Image {spec.image!r} is not on the Docker engine. Pull or build it (`docker pull {spec.image}`), "
+                "or point the language's SANDBOX_IMAGE_* variable at an image you have."
+            ) from exc
+        except docker.errors.APIError as exc:
+            raise SandboxFailure(f"Docker could not start a sandbox from {spec.image!r}: {exc.explanation}") from exc
+        container_id: str = container.id or ""
+        self._live.add(container_id)
+        return container_id
+
+    def _prepare_cache(self, spec: SandboxSpec) -> None:
+        """Create the cache volume owned by the sandbox user, so the installer needs no root."""
+        assert spec.cache is not None
+        client = self._docker()
+        name = CACHE_PREFIX + spec.cache.key
+        client.volumes.create(name, labels={_owner.MANAGED: "true", _owner.KIND: "library-cache"})
+        owner = f"{spec.limits.uid}:{spec.limits.gid}"
+        try:
+            client.containers.run(
+                spec.image,
+                ["chown", owner, "/cache"],
+                user="0:0",
+                network_mode="none",
+                cap_drop=["ALL"],
+                cap_add=["CHOWN"],
+                security_opt=["no-new-privileges:true"],
+                mounts=[Mount(target="/cache", source=name, type="volume")],
+                labels=_owner.owner_labels("cache-init"),
+                remove=True,
+            )
+        except docker.errors.ImageNotFound as exc:
+            raise ImageMissing(f"Image {spec.image!r} is not on the Docker engine.") from exc
+        except docker.errors.DockerException as exc:
+            raise SandboxFailure(f"Docker could not prepare the library cache: {exc}") from exc
+
+    async def exec(
+        self,
+        ref: SandboxRef,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        stdin: bytes = b"",
+        env: Mapping[str, str] | None = None,
+        workdir: PurePosixPath = WORKDIR,
+        output_limit: int | None = None,
+    ) -> ExecResult:
+        return await anyio.to_thread.run_sync(
+            self._exec, ref, list(argv), timeout, stdin, dict(env or {}), workdir, output_limit
+        )
+
+    def _exec(
+        self,
+        ref: SandboxRef,
+        argv: list[str],
+        timeout: float,
+        stdin: bytes,
+        env: dict[str, str],
+        workdir: PurePosixPath,
+        output_limit: int | None,
+    ) -> ExecResult:
+        api = self._docker().api
+        user = f"{ref.spec.limits.uid}:{ref.spec.limits.gid}"
+        started = time.monotonic()
+        try:
+            exec_id: str = api.exec_create(
+                ref.id, argv, stdin=True, stdout=True, stderr=True, user=user, environment=env, workdir=str(workdir)
+            )["Id"]
+            stream = api.exec_start(exec_id, socket=True)
+        except docker.errors.NotFound as exc:
+            raise SandboxFailure(f"The sandbox {ref.id[:12]} is gone (killed or removed)") from exc
+        except docker.errors.APIError as exc:
+            raise SandboxFailure(f"Docker could not run a process in the sandbox: {exc.explanation}") from exc
+        sock = cast(socket.socket, getattr(stream, "_sock", stream))
+        out, err = HeadTail(output_limit), HeadTail(output_limit)
+        try:
+            # The process may exit without reading its input; its output still tells why.
+            with contextlib.suppress(OSError):
+                send_stdin(sock, stdin)
+            timed_out = pump(sock, out, err, started + timeout, lambda: self._kill_all(ref.id, user))
+        finally:
+            sock.close()
+        exit_code = self._exit_code(exec_id)
+        return ExecResult(
+            exit_code=exit_code,
+            stdout=out.getvalue(),
+            stderr=err.getvalue(),
+            timed_out=timed_out,
+            truncated=out.truncated or err.truncated,
+            duration_ms=(time.monotonic() - started) * 1000,
+        )
+
+    def _exit_code(self, exec_id: str) -> int:
+        api = self._docker().api
+        for _ in range(50):
+            info = api.exec_inspect(exec_id)
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                return int(info["ExitCode"])
+            time.sleep(0.02)
+        return -1
+
+    def _kill_all(self, container_id: str, user: str) -> None:
+        """Kill every process of the sandbox user; PID 1 (the init) is immune, so the sandbox stays."""
+        api = self._docker().api
+        try:
+            kill_id = api.exec_create(container_id, ["sh", "-c", "kill -9 -1"], user=user)["Id"]
+            api.exec_start(kill_id)
+        except docker.errors.APIError:
+            logger.warning("Could not kill the processes in %s; removing it", container_id[:12])
+            self._remove(container_id)
+
+    async def destroy(self, ref: SandboxRef) -> None:
+        await anyio.to_thread.run_sync(self._remove, ref.id)
+
+    def _remove(self, container_id: str) -> None:
+        self._live.discard(container_id)
+        try:
+            self._docker().api.remove_container(container_id, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: removal already in progress
+                logger.warning("Could not remove sandbox %s: %s", container_id[:12], exc.explanation)
+
+    async def drop_cache(self, key: str) -> None:
+        await anyio.to_thread.run_sync(self._drop_cache, key)
+
+    def _drop_cache(self, key: str) -> None:
+        with contextlib.suppress(docker.errors.NotFound):
+            self._docker().api.remove_volume(CACHE_PREFIX + key, force=True)
+
+    async def sweep(self) -> int:
+        return await anyio.to_thread.run_sync(self._sweep)
+
+    def _sweep(self) -> int:
+        api = self._docker().api
+        stale = [
+            c["Id"]
+            for c in api.containers(all=True, filters={"label": f"{_owner.MANAGED}=true"})
+            if _owner.owner_is_gone(c.get("Labels") or {})
+        ]
+        for container_id in stale:
+            self._remove(container_id)
+        return len(stale)
+
+    async def describe(self) -> str:
+        return await anyio.to_thread.run_sync(self._describe)
+
+    def _describe(self) -> str:
+        version = self._docker().version()
+        where = self._base_url or "default socket"
+        return f"Docker Engine {version.get('Version')} (API {version.get('ApiVersion')}) at {where}"
+
+    async def aclose(self) -> None:
+        await anyio.to_thread.run_sync(self._close)
+
+    def _close(self) -> None:
+        for container_id in list(self._live):
+            self._remove(container_id)
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def from_settings(settings: Settings) -> DockerBackend:
+    return DockerBackend(settings.docker_host)

@@ -1,0 +1,56 @@
+"""Who owns a sandbox: labels that tie every engine resource to one live server process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+LABEL_PREFIX = "llm-sandbox-mcp"
+MANAGED = f"{LABEL_PREFIX}.managed"
+INSTANCE = f"{LABEL_PREFIX}.instance"
+HOST = f"{LABEL_PREFIX}.host"
+PID = f"{LABEL_PREFIX}.pid"
+STARTED = f"{LABEL_PREFIX}.pid-start"
+KIND = f"{LABEL_PREFIX}.kind"
+
+INSTANCE_ID = uuid.uuid4().hex[:12]
+
+
+def _process_start(pid: int) -> str:
+    """The kernel's start time of a process, so a recycled pid is not mistaken for its owner."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def owner_labels(kind: str = "sandbox") -> dict[str, str]:
+    pid = os.getpid()
+    return {
+        MANAGED: "true",
+        INSTANCE: INSTANCE_ID,
+        HOST: socket.gethostname(),
+        PID: str(pid),
+        STARTED: _process_start(pid),
+        KIND: kind,
+    }
+
+
+def owner_is_gone(labels: Mapping[str, str]) -> bool:
+    """True when the labels name a server process on this host that no longer runs.
+
+    Resources of servers on other hosts are never judged dead: we cannot see their processes.
+    """
+    if labels.get(INSTANCE) == INSTANCE_ID:
+        return False
+    if labels.get(HOST) != socket.gethostname():
+        return False
+    try:
+        pid = int(labels.get(PID, ""))
+    except ValueError:
+        return True
+    return _process_start(pid) != labels.get(STARTED)

@@ -1,0 +1,104 @@
+"""Command line: `llm-sandbox-mcp` serves MCP over stdio; `doctor` checks the engines; `run` runs a file once."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+import anyio
+
+from llm_sandbox_mcp import __version__
+from llm_sandbox_mcp.backends import BACKENDS, load_backend
+from llm_sandbox_mcp.config import Settings, load_settings
+from llm_sandbox_mcp.errors import ConfigError, SandboxError
+from llm_sandbox_mcp.executor import Executor
+from llm_sandbox_mcp.languages import LANGUAGES
+from llm_sandbox_mcp.pool import Pool
+
+logger = logging.getLogger("llm_sandbox_mcp")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llm-sandbox-mcp",
+        description="MCP server that runs code in hardened sandboxes. Configured through environment variables.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command")
+    commands.add_parser("serve", help="serve MCP over stdio (the default)")
+    commands.add_parser("doctor", help="check which backends are usable here")
+    run = commands.add_parser("run", help="run a program once in a sandbox and print its output")
+    run.add_argument("file", help="source file, or - for standard input")
+    run.add_argument("--language", "-l", default="python", choices=sorted(LANGUAGES))
+    run.add_argument("--library", action="append", default=[], dest="libraries", help="install first (repeatable)")
+    run.add_argument("--timeout", type=float, default=None)
+    run.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        for line in exc.problems:
+            sys.stderr.write(f"llm-sandbox-mcp: invalid configuration: {line}\n")
+        return 2
+    logging.basicConfig(
+        stream=sys.stderr, level=settings.sandbox_log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.command == "doctor":
+        return anyio.run(_doctor, settings)
+    if args.command == "run":
+        return anyio.run(_run, settings, args)
+    from llm_sandbox_mcp.server import build_server
+
+    build_server(settings).run("stdio")
+    return 0
+
+
+async def _doctor(settings: Settings) -> int:
+    configured = "docker" if settings.backend == "auto" else settings.backend
+    usable: dict[str, bool] = {}
+    for name in BACKENDS:
+        try:
+            backend = load_backend(name, settings)
+            try:
+                line = await backend.describe()
+            finally:
+                await backend.aclose()
+            usable[name] = True
+            sys.stdout.write(f"{name:<11} ok           {line}\n")
+        except SandboxError as exc:
+            usable[name] = False
+            sys.stdout.write(f"{name:<11} unavailable  {exc}\n")
+    sys.stdout.write(f"configured backend: {configured} ({'usable' if usable.get(configured) else 'NOT usable'})\n")
+    return 0 if usable.get(configured) else 1
+
+
+async def _run(settings: Settings, args: argparse.Namespace) -> int:
+    code = sys.stdin.read() if args.file == "-" else await anyio.Path(args.file).read_text(encoding="utf-8")
+    backend = load_backend("docker" if settings.backend == "auto" else settings.backend, settings)
+    try:
+        async with Pool(backend, size=0) as pool:
+            execution = await Executor(settings, backend, pool).execute(
+                code, args.language, args.libraries, args.timeout
+            )
+    except SandboxError as exc:
+        sys.stderr.write(f"llm-sandbox-mcp: {exc}\n")
+        return 2
+    finally:
+        await backend.aclose()
+    if args.json:
+        from llm_sandbox_mcp.server import shape_execution
+
+        sys.stdout.write(json.dumps(shape_execution(execution).structured_content, indent=2) + "\n")
+    else:
+        sys.stdout.write(execution.stdout)
+        sys.stderr.write(execution.stderr)
+        for artifact in execution.artifacts:
+            sys.stderr.write(f"[artifact] {artifact.name} ({artifact.mime_type}, {artifact.size} bytes)\n")
+    return execution.exit_code

@@ -1,0 +1,165 @@
+"""Settings read once from the environment at start-up, and the limits derived from them.
+
+One field per environment variable, named after it, so a validation error names the variable.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal, get_args
+
+from pydantic import AliasChoices, BeforeValidator, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from llm_sandbox_mcp.errors import ConfigError
+from llm_sandbox_mcp.models import Limits
+
+BackendChoice = Literal["auto", "docker", "podman", "kubernetes", "bubblewrap"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+LANGUAGES = ("python", "javascript", "go", "cpp", "java", "r", "ruby")
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_size(value: object) -> int:
+    """Parse a Docker- or Kubernetes-style size ('512m', '1g', '256Mi', '1048576') into bytes."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 512m, 1g or 256Mi")
+    if isinstance(value, int):
+        size = value
+    else:
+        match = _SIZE.match(str(value))
+        if match is None:
+            raise ValueError("expected a size such as 512m, 1g or 256Mi")
+        size = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if size <= 0:
+        raise ValueError("must be greater than zero")
+    return size
+
+
+def _split_commas(value: object) -> object:
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+CommaList = Annotated[list[str], NoDecode, BeforeValidator(_split_commas)]
+Size = Annotated[int, BeforeValidator(parse_size)]
+
+
+class Settings(BaseSettings):
+    """Every environment variable the server reads. Unrelated variables are ignored."""
+
+    model_config = SettingsConfigDict(env_ignore_empty=True, extra="ignore", populate_by_name=True)
+
+    # The reference set (same names and meaning as the best-known alternative).
+    backend: BackendChoice = "docker"
+    docker_host: str | None = None
+    kubeconfig: Path | None = None
+    namespace: str = "default"
+    commit_container: bool = False
+    keep_template: bool = True
+    sandbox_network_mode: str = "none"
+    sandbox_read_only: bool = True
+    sandbox_mem_limit: Size = Field(
+        default=512 * 1024**2, validation_alias=AliasChoices("SANDBOX_MEM_LIMIT", "SANDBOX_MEMORY")
+    )
+    sandbox_cpus: PositiveFloat | None = None
+    sandbox_cpu_count: PositiveInt | None = None
+    sandbox_cap_drop: CommaList = Field(default_factory=lambda: ["ALL"])
+    sandbox_security_opt: CommaList = Field(default_factory=lambda: ["no-new-privileges:true"])
+    sandbox_privileged: bool = False
+
+    # Ours.
+    sandbox_timeout: PositiveFloat = 30.0
+    sandbox_max_timeout: PositiveFloat = 300.0
+    sandbox_install_timeout: PositiveFloat = 300.0
+    sandbox_output_limit: Size = 64 * 1024
+    sandbox_pids_limit: PositiveInt = 128
+    sandbox_nofile_limit: PositiveInt = 1024
+    sandbox_workspace_size: Size = 256 * 1024**2
+    sandbox_tmp_size: Size = 64 * 1024**2
+    sandbox_user: str = "65534:65534"
+    sandbox_pool_size: int = Field(default=1, ge=0, le=16)
+    sandbox_max_concurrency: PositiveInt = 4
+    sandbox_install_network_mode: str = "bridge"
+    sandbox_artifact_limit: Size = 4 * 1024**2
+    sandbox_log_level: LogLevel = "INFO"
+    sandbox_image_python: str = "python:3.12-slim"
+    sandbox_image_javascript: str = "node:22-slim"
+    sandbox_image_go: str = "golang:1.23-bookworm"
+    sandbox_image_cpp: str = "gcc:14"
+    sandbox_image_java: str = "eclipse-temurin:21-jdk"
+    sandbox_image_r: str = "r-base:4.4.2"
+    sandbox_image_ruby: str = "ruby:3.3-slim"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.sandbox_timeout > self.sandbox_max_timeout:
+            raise ValueError("SANDBOX_TIMEOUT must not exceed SANDBOX_MAX_TIMEOUT")
+        if not re.fullmatch(r"\d+(:\d+)?", self.sandbox_user):
+            raise ValueError("SANDBOX_USER must be a numeric uid or uid:gid, e.g. 65534:65534")
+        if self.sandbox_user.split(":")[0] == "0":
+            raise ValueError("SANDBOX_USER must not be root (uid 0); user code never runs as root")
+        return self
+
+    def image_for(self, language: str) -> str:
+        image: str = getattr(self, f"sandbox_image_{language}")
+        return image
+
+    def limits(self) -> Limits:
+        """The per-sandbox limits these settings describe."""
+        # SANDBOX_CPU_COUNT is a whole number of CPUs and wins over SANDBOX_CPUS, as in the reference server.
+        cpus = float(self.sandbox_cpu_count) if self.sandbox_cpu_count is not None else (self.sandbox_cpus or 1.0)
+        uid, _, gid = self.sandbox_user.partition(":")
+        return Limits(
+            memory_bytes=self.sandbox_mem_limit,
+            cpus=cpus,
+            pids=self.sandbox_pids_limit,
+            nofile=self.sandbox_nofile_limit,
+            workspace_bytes=self.sandbox_workspace_size,
+            tmp_bytes=self.sandbox_tmp_size,
+            network_mode=self.sandbox_network_mode,
+            read_only=self.sandbox_read_only,
+            cap_drop=tuple(self.sandbox_cap_drop),
+            security_opt=tuple(self.sandbox_security_opt),
+            privileged=self.sandbox_privileged,
+            uid=int(uid),
+            gid=int(gid or uid),
+        )
+
+
+def env_name(field: str) -> str:
+    """The environment variable that sets a Settings field."""
+    if field == "sandbox_mem_limit":
+        return "SANDBOX_MEM_LIMIT"
+    return field.upper()
+
+
+def load_settings() -> Settings:
+    """Read and validate the environment; raise ConfigError with one line per bad variable."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems: list[str] = []
+        for error in exc.errors():
+            loc = [str(part) for part in error["loc"]]
+            name = env_name(loc[0]) if loc else "configuration"
+            if loc and loc[0] not in Settings.model_fields:
+                name = loc[0].upper()
+            message = str(error["msg"]).removeprefix("Value error, ")
+            accepted = _accepted(loc[0]) if loc else ""
+            got = error.get("input")
+            shown = f" (got {got!r})" if loc and isinstance(got, str) else ""
+            problems.append(f"{name}: {message}{shown}{accepted}")
+        raise ConfigError(problems) from None
+
+
+def _accepted(field: str) -> str:
+    annotation = Settings.model_fields[field].annotation if field in Settings.model_fields else None
+    choices = get_args(annotation)
+    if choices and all(isinstance(c, str) for c in choices):
+        return "; accepted: " + ", ".join(choices)
+    return ""

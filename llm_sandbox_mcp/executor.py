@@ -1,0 +1,182 @@
+"""One execution, end to end: language -> libraries -> sandbox -> run -> artifacts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+import anyio
+
+from llm_sandbox_mcp.artifacts import Artifact, collect
+from llm_sandbox_mcp.backends import Backend
+from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.errors import InstallFailed, InvalidRequest
+from llm_sandbox_mcp.languages import Language, get_language, sandbox_env
+from llm_sandbox_mcp.models import LIBS_DIR, OUTPUT_DIR, CacheMount, ExecResult, Limits, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.pool import Pool
+from llm_sandbox_mcp.transfer import unpack
+
+logger = logging.getLogger(__name__)
+
+MAX_CODE_BYTES = 1024 * 1024
+_COMPLETE = f"{LIBS_DIR}/.complete"
+
+
+@dataclass
+class Execution:
+    """The outcome of running user code. User code failing is an outcome, not an error."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+    truncated: bool
+    duration_ms: int
+    language: str
+    backend: str
+    artifacts: list[Artifact] = field(default_factory=lambda: [])
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+class Executor:
+    """Runs code on one backend, through the warm pool, with libraries from the install cache."""
+
+    def __init__(self, settings: Settings, backend: Backend, pool: Pool) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.pool = pool
+        self.limits = settings.limits()
+        self._limiter = anyio.CapacityLimiter(settings.sandbox_max_concurrency)
+        self._install_locks: defaultdict[str, anyio.Lock] = defaultdict(anyio.Lock)
+        self._ready_caches: set[str] = set()
+
+    def spec_for(self, language: Language, cache_key: str | None = None) -> SandboxSpec:
+        cache = CacheMount(cache_key) if cache_key else None
+        return SandboxSpec(image=self.settings.image_for(language.name), limits=self.limits, cache=cache)
+
+    def check_timeout(self, timeout: float | None) -> float:
+        if timeout is None:
+            return self.settings.sandbox_timeout
+        if timeout <= 0:
+            raise InvalidRequest("timeout must be a positive number of seconds")
+        if timeout > self.settings.sandbox_max_timeout:
+            raise InvalidRequest(
+                f"timeout {timeout:g} s is above the maximum of {self.settings.sandbox_max_timeout:g} s "
+                "(SANDBOX_MAX_TIMEOUT); use a smaller timeout or split the work"
+            )
+        return timeout
+
+    async def execute(
+        self, code: str, language: str = "python", libraries: list[str] | None = None, timeout: float | None = None
+    ) -> Execution:
+        lang = get_language(language)
+        seconds = self.check_timeout(timeout)
+        source = code.encode("utf-8", errors="replace")
+        if len(source) > MAX_CODE_BYTES:
+            raise InvalidRequest(f"code is {len(source)} bytes; the limit is {MAX_CODE_BYTES} bytes")
+        specs = lang.check_libraries(libraries or [])
+        async with self._limiter:
+            cache_key = await self.ensure_libraries(lang, specs) if specs else None
+            spec = self.spec_for(lang, cache_key)
+            ref = await self.pool.acquire(spec)
+            try:
+                result = await self.backend.exec(
+                    ref,
+                    lang.run_argv(),
+                    timeout=seconds,
+                    stdin=source,
+                    env=sandbox_env(lang, bool(cache_key)),
+                    output_limit=self.settings.sandbox_output_limit,
+                )
+                artifacts = await self._artifacts(ref)
+            finally:
+                self.pool.release(ref)
+        return self._shape(lang, result, artifacts, seconds)
+
+    def _shape(self, lang: Language, result: ExecResult, artifacts: list[Artifact], seconds: float) -> Execution:
+        stderr = _decode(result.stderr)
+        if result.timed_out:
+            stderr += (
+                f"\n[timed out after {seconds:g} s: every process was killed; raise `timeout` "
+                f"(maximum {self.settings.sandbox_max_timeout:g} s) if the work needs longer]\n"
+            )
+        return Execution(
+            exit_code=result.exit_code,
+            stdout=_decode(result.stdout),
+            stderr=stderr,
+            timed_out=result.timed_out,
+            truncated=result.truncated,
+            duration_ms=round(result.duration_ms),
+            language=lang.name,
+            backend=self.backend.name,
+            artifacts=artifacts,
+        )
+
+    async def _artifacts(self, ref: SandboxRef) -> list[Artifact]:
+        limit = self.settings.sandbox_artifact_limit
+        listing = await self.backend.exec(
+            ref, ["tar", "-c", "-C", str(OUTPUT_DIR), "."], timeout=30, output_limit=limit * 2
+        )
+        if listing.exit_code != 0 or listing.truncated:
+            if listing.truncated:
+                logger.warning("Output directory of %s exceeds %d bytes; artifacts not returned", ref.id[:12], limit)
+            return []
+        return collect(unpack(listing.stdout), inline_limit=limit)
+
+    def cache_key(self, lang: Language, specs: list[str]) -> str:
+        identity = json.dumps([lang.name, self.settings.image_for(lang.name), specs])
+        return hashlib.sha256(identity.encode()).hexdigest()[:32]
+
+    async def ensure_libraries(self, lang: Language, specs: list[str]) -> str:
+        """Install `specs` once into a cache keyed by language, image and specs; return the cache key.
+
+        The install runs in its own short-lived sandbox with network; user code never gets network.
+        """
+        key = self.cache_key(lang, specs)
+        async with self._install_locks[key]:
+            if key in self._ready_caches:
+                return key
+            install_limits: Limits = replace(
+                self.limits,
+                network_mode=self.settings.sandbox_install_network_mode,
+                memory_bytes=max(self.limits.memory_bytes, 2 * 1024**3),
+                tmp_bytes=max(self.limits.tmp_bytes, 2 * 1024**3),
+                pids=max(self.limits.pids, 512),
+            )
+            spec = SandboxSpec(self.settings.image_for(lang.name), install_limits, CacheMount(key, writable=True))
+            ref = await self.backend.create(spec)
+            try:
+                await self._install(ref, lang, specs)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await self.backend.destroy(ref)
+                    await self.backend.drop_cache(key)
+                raise
+            with anyio.CancelScope(shield=True):
+                await self.backend.destroy(ref)
+            self._ready_caches.add(key)
+            return key
+
+    async def _install(self, ref: SandboxRef, lang: Language, specs: list[str]) -> None:
+        check = await self.backend.exec(ref, ["test", "-f", _COMPLETE], timeout=30)
+        if check.exit_code == 0:
+            return
+        env = sandbox_env(lang, with_libraries=True)
+        timeout = self.settings.sandbox_install_timeout
+        # A cache left half-written by an interrupted install is emptied first.
+        await self.backend.exec(ref, ["find", str(LIBS_DIR), "-mindepth", "1", "-delete"], timeout=60)
+        result = await self.backend.exec(ref, lang.install_argv(specs), timeout=timeout, env=env, output_limit=65536)
+        if result.exit_code != 0 or result.timed_out:
+            reason = f"timed out after {timeout:g} s (SANDBOX_INSTALL_TIMEOUT)" if result.timed_out else "failed"
+            output = (_decode(result.stderr).strip() or _decode(result.stdout).strip())[-3000:]
+            raise InstallFailed(
+                f"Installing {', '.join(specs)} with {lang.package_manager} {reason}. "
+                f"Check the names and versions. Installer output:\n{output}"
+            )
+        await self.backend.exec(ref, ["touch", _COMPLETE], timeout=30)

@@ -1,0 +1,109 @@
+"""The vocabulary shared by the executor and the backends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+WORKDIR = PurePosixPath("/workspace")
+OUTPUT_DIR = WORKDIR / "outputs"
+LIBS_DIR = PurePosixPath("/opt/llm-sandbox/libs")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits and hardening for one sandbox. Defaults are the secure ones."""
+
+    memory_bytes: int = 512 * 1024**2
+    cpus: float = 1.0
+    pids: int = 128
+    nofile: int = 1024
+    workspace_bytes: int = 256 * 1024**2
+    tmp_bytes: int = 64 * 1024**2
+    network_mode: str = "none"
+    read_only: bool = True
+    cap_drop: tuple[str, ...] = ("ALL",)
+    security_opt: tuple[str, ...] = ("no-new-privileges:true",)
+    privileged: bool = False
+    uid: int = 65534
+    gid: int = 65534
+
+
+@dataclass(frozen=True)
+class CacheMount:
+    """A library cache: a named store on the engine, mounted at `target` in the sandbox."""
+
+    key: str
+    target: PurePosixPath = LIBS_DIR
+    writable: bool = False
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Everything needed to create a sandbox. Hashable: equal specs share a warm pool."""
+
+    image: str
+    limits: Limits
+    cache: CacheMount | None = None
+
+
+@dataclass
+class SandboxRef:
+    """A live sandbox as the backend knows it."""
+
+    id: str
+    spec: SandboxSpec
+    handle: object = field(default=None, repr=False, compare=False)
+
+
+@dataclass
+class ExecResult:
+    """What one process in a sandbox did. A non-zero exit is a result, not an error."""
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool = False
+    truncated: bool = False
+    duration_ms: float = 0.0
+
+
+class HeadTail:
+    """Keeps the first and last `limit // 2` bytes of a stream and counts what was dropped between them.
+
+    Memory stays bounded however much the process writes.
+    """
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self._head = bytearray()
+        self._tail = bytearray()
+        self.dropped = 0
+
+    def feed(self, data: bytes) -> None:
+        if self.limit is None:
+            self._head += data
+            return
+        half = self.limit // 2
+        room = half - len(self._head)
+        if room > 0:
+            self._head += data[:room]
+            data = data[room:]
+        if not data:
+            return
+        keep = self.limit - half
+        self._tail += data
+        if len(self._tail) > keep:
+            excess = len(self._tail) - keep
+            self.dropped += excess
+            del self._tail[:excess]
+
+    @property
+    def truncated(self) -> bool:
+        return self.dropped > 0
+
+    def getvalue(self) -> bytes:
+        if not self.dropped:
+            return bytes(self._head + self._tail)
+        marker = f"\n[... {self.dropped} bytes truncated ...]\n".encode()
+        return bytes(self._head) + marker + bytes(self._tail)

@@ -1,0 +1,298 @@
+"""MCP glue: tools, resources and result shaping. The work happens in Executor."""
+# No `from __future__ import annotations`: tool signatures use closure values the SDK must evaluate.
+
+
+import base64
+import json
+import logging
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Annotated, Any, TypeVar
+
+import anyio
+from mcp.server import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import (
+    BlobResourceContents,
+    CallToolResult,
+    ContentBlock,
+    EmbeddedResource,
+    ImageContent,
+    TextContent,
+    TextResourceContents,
+    ToolAnnotations,
+)
+from pydantic import BaseModel, Field
+
+from llm_sandbox_mcp import __version__
+from llm_sandbox_mcp.artifacts import Artifact
+from llm_sandbox_mcp.backends import Backend, load_backend
+from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.errors import SandboxError
+from llm_sandbox_mcp.executor import MAX_CODE_BYTES, Execution, Executor
+from llm_sandbox_mcp.languages import LANGUAGES, get_language
+from llm_sandbox_mcp.pool import Pool
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# Non-image files are embedded in the result up to this size each; larger ones are listed only.
+EMBED_LIMIT = 64 * 1024
+
+
+class ArtifactInfo(BaseModel):
+    name: str = Field(description="Path relative to the output directory")
+    mime_type: str
+    size: int = Field(description="Size in bytes")
+    inline: bool = Field(description="Whether the content is included in this result")
+
+
+class ExecutionResult(BaseModel):
+    exit_code: int = Field(description="Exit status of the program; non-zero means it failed")
+    stdout: str
+    stderr: str
+    timed_out: bool = Field(description="The timeout expired and every process was killed")
+    truncated: bool = Field(description="Output was longer than the cap; its middle was cut")
+    duration_ms: int
+    language: str
+    backend: str
+    artifacts: list[ArtifactInfo] = Field(description="Files written to $OUTPUT_DIR (plots included)")
+
+
+class LanguageInfo(BaseModel):
+    name: str
+    title: str
+    image: str
+    package_manager: str
+    plots: str
+
+
+class LanguagesResult(BaseModel):
+    languages: list[LanguageInfo]
+    backend: str
+
+
+class LanguageDetails(LanguageInfo):
+    version: str = Field(description="Version reported by the runtime in the configured image")
+    file_name: str
+    library_syntax: str
+    examples: list[str]
+    notes: str
+
+
+class AppState:
+    """What the lifespan builds and the tools use."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.running: Executor | None = None
+        self.versions: dict[str, str] = {}
+
+    @property
+    def executor(self) -> Executor:
+        if self.running is None:
+            raise SandboxError("The server is still starting; try again in a moment")
+        return self.running
+
+
+async def _guard(call: Awaitable[T]) -> T:
+    """Turn our errors into tool errors the model reads; anything else is the SDK's generic crash path."""
+    try:
+        return await call
+    except SandboxError as exc:
+        raise ToolError(str(exc)) from exc
+
+
+def shape_execution(execution: Execution) -> CallToolResult:
+    result = ExecutionResult(
+        exit_code=execution.exit_code,
+        stdout=execution.stdout,
+        stderr=execution.stderr,
+        timed_out=execution.timed_out,
+        truncated=execution.truncated,
+        duration_ms=execution.duration_ms,
+        language=execution.language,
+        backend=execution.backend,
+        artifacts=[
+            ArtifactInfo(name=a.name, mime_type=a.mime_type, size=a.size, inline=_inlined(a))
+            for a in execution.artifacts
+        ],
+    )
+    structured = result.model_dump(mode="json")
+    content: list[ContentBlock] = [TextContent(text=json.dumps(structured, ensure_ascii=False))]
+    for artifact in execution.artifacts:
+        block = _artifact_block(artifact)
+        if block is not None:
+            content.append(block)
+    return CallToolResult(content=content, structured_content=structured)
+
+
+def _inlined(artifact: Artifact) -> bool:
+    return artifact.data is not None and (artifact.is_image or artifact.size <= EMBED_LIMIT)
+
+
+def _artifact_block(artifact: Artifact) -> ContentBlock | None:
+    if artifact.data is None or not _inlined(artifact):
+        return None
+    encoded = base64.b64encode(artifact.data).decode()
+    if artifact.is_image:
+        return ImageContent(data=encoded, mime_type=artifact.mime_type)
+    uri = f"sandbox://outputs/{artifact.name}"
+    if artifact.mime_type.startswith("text/") or artifact.mime_type in ("application/json", "application/xml"):
+        text = artifact.data.decode("utf-8", errors="replace")
+        return EmbeddedResource(resource=TextResourceContents(uri=uri, mime_type=artifact.mime_type, text=text))
+    return EmbeddedResource(resource=BlobResourceContents(uri=uri, mime_type=artifact.mime_type, blob=encoded))
+
+
+def _strict(server: MCPServer[Any]) -> None:
+    """Reject unknown arguments: a typo in an argument name should fail loudly, not be ignored."""
+    for tool in server._tool_manager.list_tools():  # pyright: ignore[reportPrivateUsage]
+        tool.parameters["additionalProperties"] = False
+        tool.fn_metadata.arg_model.model_config["extra"] = "forbid"
+        tool.fn_metadata.arg_model.model_rebuild(force=True)
+
+
+def build_server(settings: Settings, backend: Backend | None = None) -> MCPServer[AppState]:
+    """The MCP server. `backend` replaces the configured one (tests pass a fake)."""
+    state = AppState(settings)
+
+    @asynccontextmanager
+    async def lifespan(_: MCPServer[AppState]) -> AsyncGenerator[AppState]:
+        async with AsyncExitStack() as stack:
+            engine = backend or load_backend(_backend_name(settings), settings)
+            stack.push_async_callback(_shielded, engine.aclose)
+            pool = await stack.enter_async_context(Pool(engine, settings.sandbox_pool_size))
+            state.running = Executor(settings, engine, pool)
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(_prepare, engine, pool, state.executor)
+                yield state
+                tasks.cancel_scope.cancel()
+
+    server: MCPServer[AppState] = MCPServer(
+        "llm-sandbox",
+        version=__version__,
+        instructions=(
+            "Run code in an isolated sandbox with no network access. Each execute_code call starts from a clean "
+            "sandbox. Files written to $OUTPUT_DIR (/workspace/outputs) and every matplotlib figure are returned."
+        ),
+        lifespan=lifespan,
+    )
+    languages = ", ".join(LANGUAGES)
+
+    @server.tool(
+        description=(
+            f"Run code in a fresh, isolated sandbox and return exit_code, stdout, stderr and any plots or files. "
+            f"Languages: {languages}. The sandbox has no network; list packages in `libraries` and they are "
+            f"installed before the run (e.g. ['numpy', 'pandas==2.2.3'] for Python). Each call starts clean. "
+            f"Write files to $OUTPUT_DIR (/workspace/outputs) to get them back; matplotlib figures come back "
+            f"as images. A non-zero exit_code is a normal result: read stderr. Default timeout "
+            f"{settings.sandbox_timeout:g} s, maximum {settings.sandbox_max_timeout:g} s."
+        ),
+        annotations=ToolAnnotations(title="Execute code", read_only_hint=False, open_world_hint=False),
+    )
+    async def execute_code(
+        code: Annotated[str, Field(description="Complete program source", max_length=MAX_CODE_BYTES)],
+        language: Annotated[str, Field(description=f"One of: {languages}")] = "python",
+        libraries: Annotated[
+            list[Annotated[str, Field(max_length=200)]],
+            Field(description="Packages to install first, in the language's own syntax", max_length=50),
+        ] = [],  # noqa: B006 - pydantic copies defaults
+        timeout: Annotated[
+            float | None,
+            Field(description=f"Seconds before every process is killed (default {settings.sandbox_timeout:g})", gt=0),
+        ] = None,
+    ) -> Annotated[CallToolResult, ExecutionResult]:
+        execution = await _guard(state.executor.execute(code, language, libraries, timeout))
+        return shape_execution(execution)
+
+    @server.tool(
+        description="List the languages this server can run, with the image each one uses.",
+        annotations=ToolAnnotations(title="Supported languages", read_only_hint=True, open_world_hint=False),
+    )
+    async def get_supported_languages() -> LanguagesResult:
+        return _languages(state)
+
+    @server.tool(
+        description=(
+            "Details for one language: runtime version in the sandbox image, how libraries are named, "
+            "whether plots are captured, and examples that run."
+        ),
+        annotations=ToolAnnotations(title="Language details", read_only_hint=True, open_world_hint=False),
+    )
+    async def get_language_details(
+        language: Annotated[str, Field(description=f"One of: {languages}")],
+    ) -> LanguageDetails:
+        return await _guard(_details(state, language))
+
+    @server.resource("sandbox://languages", name="languages", mime_type="application/json")
+    def languages_resource() -> str:
+        return _languages(state).model_dump_json()
+
+    _strict(server)
+    return server
+
+
+def _backend_name(settings: Settings) -> str:
+    return "docker" if settings.backend == "auto" else settings.backend
+
+
+async def _shielded(close: Callable[[], Awaitable[None]]) -> None:
+    with anyio.CancelScope(shield=True):
+        await close()
+
+
+async def _prepare(engine: Backend, pool: Pool, executor: Executor) -> None:
+    """Start-up work that must not delay serving: sweep leftovers, warm the default language."""
+    try:
+        swept = await engine.sweep()
+        if swept:
+            logger.info("Removed %d sandboxes left by servers that are no longer running", swept)
+        pool.warm(executor.spec_for(get_language("python")))
+    except SandboxError as exc:
+        logger.warning("%s", exc)
+
+
+def _languages(state: AppState) -> LanguagesResult:
+    return LanguagesResult(
+        languages=[
+            LanguageInfo(
+                name=lang.name,
+                title=lang.title,
+                image=state.settings.image_for(lang.name),
+                package_manager=lang.package_manager,
+                plots=lang.plots,
+            )
+            for lang in LANGUAGES.values()
+        ],
+        backend=_backend_name(state.settings),
+    )
+
+
+async def _details(state: AppState, name: str) -> LanguageDetails:
+    lang = get_language(name)
+    image = state.settings.image_for(lang.name)
+    if image not in state.versions:
+        state.versions[image] = await _probe_version(state.executor, lang.name)
+    return LanguageDetails(
+        name=lang.name,
+        title=lang.title,
+        image=image,
+        package_manager=lang.package_manager,
+        plots=lang.plots,
+        version=state.versions[image],
+        file_name=lang.file_name,
+        library_syntax=lang.library_syntax,
+        examples=list(lang.examples),
+        notes=lang.notes,
+    )
+
+
+async def _probe_version(executor: Executor, language: str) -> str:
+    lang = get_language(language)
+    ref = await executor.pool.acquire(executor.spec_for(lang))
+    try:
+        result = await executor.backend.exec(ref, list(lang.version_argv), timeout=30, output_limit=4096)
+    finally:
+        executor.pool.release(ref)
+    text = (result.stdout or result.stderr).decode("utf-8", errors="replace").strip()
+    return text.splitlines()[0] if text else "unknown"

@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+import pytest
+
+from llm_sandbox_mcp.config import Settings, env_name
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests never depend on the developer's shell: every variable Settings reads starts unset."""
+    for name in Settings.model_fields:
+        monkeypatch.delenv(env_name(name), raising=False)
+    for alias in ("SANDBOX_MEMORY", "SANDBOX_MEM_LIMIT"):
+        monkeypatch.delenv(alias, raising=False)

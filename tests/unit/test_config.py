@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from llm_sandbox_mcp.cli import main
+from llm_sandbox_mcp.config import Settings, env_name, load_settings, parse_size
+from llm_sandbox_mcp.errors import ConfigError
+
+README = Path(__file__).parents[2] / "README.md"
+
+
+def test_defaults_are_the_hardened_ones() -> None:
+    limits = load_settings().limits()
+    assert limits.network_mode == "none"
+    assert limits.read_only is True
+    assert limits.cap_drop == ("ALL",)
+    assert "no-new-privileges:true" in limits.security_opt
+    assert limits.privileged is False
+    assert limits.uid != 0
+    assert limits.pids > 0 and limits.memory_bytes > 0
+
+
+def test_mem_limit_wins_over_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SANDBOX_MEMORY", "1g")
+    assert load_settings().limits().memory_bytes == 1024**3
+    monkeypatch.setenv("SANDBOX_MEM_LIMIT", "256m")
+    assert load_settings().limits().memory_bytes == 256 * 1024**2
+
+
+def test_cpu_count_wins_over_cpus_and_must_be_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SANDBOX_CPUS", "0.5")
+    assert load_settings().limits().cpus == 0.5
+    monkeypatch.setenv("SANDBOX_CPU_COUNT", "2")
+    assert load_settings().limits().cpus == 2.0
+    monkeypatch.setenv("SANDBOX_CPU_COUNT", "1.5")
+    with pytest.raises(ConfigError, match=r"^SANDBOX_CPU_COUNT: .*whole|^SANDBOX_CPU_COUNT: .*integer"):
+        load_settings()
+
+
+def test_comma_separated_lists(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SANDBOX_CAP_DROP", "NET_RAW, SYS_ADMIN,")
+    monkeypatch.setenv("SANDBOX_SECURITY_OPT", "no-new-privileges:true,seccomp=unconfined")
+    limits = load_settings().limits()
+    assert limits.cap_drop == ("NET_RAW", "SYS_ADMIN")
+    assert limits.security_opt == ("no-new-privileges:true", "seccomp=unconfined")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("BACKEND", "dockr"),
+        ("SANDBOX_READ_ONLY", "maybe"),
+        ("SANDBOX_MEM_LIMIT", "lots"),
+        ("SANDBOX_MEMORY", "-5m"),
+        ("SANDBOX_PIDS_LIMIT", "0"),
+        ("SANDBOX_TIMEOUT", "abc"),
+        ("SANDBOX_USER", "0:0"),
+        ("SANDBOX_USER", "nobody"),
+        ("SANDBOX_POOL_SIZE", "100"),
+    ],
+)
+def test_a_bad_value_names_its_variable(monkeypatch: pytest.MonkeyPatch, variable: str, value: str) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as raised:
+        load_settings()
+    assert len(raised.value.problems) == 1
+    assert variable in raised.value.problems[0] or (
+        variable == "SANDBOX_MEMORY" and "SANDBOX_MEM" in raised.value.problems[0]
+    )
+
+
+def test_every_bad_variable_gets_its_own_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BACKEND", "nope")
+    monkeypatch.setenv("SANDBOX_PIDS_LIMIT", "-1")
+    with pytest.raises(ConfigError) as raised:
+        load_settings()
+    assert [line.split(":")[0] for line in raised.value.problems] == ["BACKEND", "SANDBOX_PIDS_LIMIT"]
+    assert "accepted: auto, docker, podman, kubernetes, bubblewrap" in raised.value.problems[0]
+
+
+def test_timeout_default_cannot_exceed_maximum(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SANDBOX_TIMEOUT", "600")
+    with pytest.raises(ConfigError, match="SANDBOX_TIMEOUT must not exceed SANDBOX_MAX_TIMEOUT"):
+        load_settings()
+
+
+def test_bad_configuration_exits_2_before_serving(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SANDBOX_NETWORK_MODE", "none")
+    monkeypatch.setenv("SANDBOX_READ_ONLY", "perhaps")
+    assert main([]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip().splitlines() == [
+        "llm-sandbox-mcp: invalid configuration: SANDBOX_READ_ONLY: "
+        "Input should be a valid boolean, unable to interpret input (got 'perhaps')"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("512m", 512 * 1024**2), ("1g", 1024**3), ("256Mi", 256 * 1024**2), ("1048576", 1048576), ("64k", 65536)],
+)
+def test_sizes_in_docker_and_kubernetes_notation(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+def test_readme_documents_every_variable() -> None:
+    documented = set(re.findall(r"^\| `([A-Z_]+)`", README.read_text(), flags=re.MULTILINE))
+    declared = {env_name(name) for name in Settings.model_fields} | {"SANDBOX_MEMORY"}
+    assert documented == declared
