@@ -85,6 +85,8 @@ class Settings(BaseSettings):
     sandbox_pool_size: int = Field(default=1, ge=0, le=16)
     sandbox_max_concurrency: PositiveInt = 4
     sandbox_install_network_mode: str = "bridge"
+    sandbox_install_ca_bundle: Path | None = None
+    sandbox_pip_index_url: str | None = None
     sandbox_artifact_limit: Size = 4 * 1024**2
     sandbox_log_level: LogLevel = "INFO"
     sandbox_image_python: str = "python:3.12-slim"
@@ -101,6 +103,8 @@ class Settings(BaseSettings):
             raise ValueError("SANDBOX_TIMEOUT must not exceed SANDBOX_MAX_TIMEOUT")
         if not re.fullmatch(r"\d+(:\d+)?", self.sandbox_user):
             raise ValueError("SANDBOX_USER must be a numeric uid or uid:gid, e.g. 65534:65534")
+        if self.sandbox_install_ca_bundle is not None and not self.sandbox_install_ca_bundle.is_file():
+            raise ValueError("SANDBOX_INSTALL_CA_BUNDLE must name a readable PEM file")
         if self.sandbox_user.split(":")[0] == "0":
             raise ValueError("SANDBOX_USER must not be root (uid 0); user code never runs as root")
         return self

@@ -17,12 +17,23 @@ from llm_sandbox_mcp.errors import InstallFailed, InvalidRequest
 from llm_sandbox_mcp.languages import Language, get_language, sandbox_env
 from llm_sandbox_mcp.models import LIBS_DIR, OUTPUT_DIR, CacheMount, ExecResult, Limits, SandboxRef, SandboxSpec
 from llm_sandbox_mcp.pool import Pool
-from llm_sandbox_mcp.transfer import unpack
+from llm_sandbox_mcp.transfer import pack, unpack
 
 logger = logging.getLogger(__name__)
 
 MAX_CODE_BYTES = 1024 * 1024
 _COMPLETE = f"{LIBS_DIR}/.complete"
+_CA_NAME = "llm-sandbox-ca.pem"
+_CA_FILE = f"/tmp/{_CA_NAME}"
+# Every installer we run honours one of these for extra trusted certificates (TLS-inspecting proxies).
+_CA_VARIABLES = (
+    "SSL_CERT_FILE",
+    "PIP_CERT",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+)
 
 
 @dataclass
@@ -167,7 +178,7 @@ class Executor:
         check = await self.backend.exec(ref, ["test", "-f", _COMPLETE], timeout=30)
         if check.exit_code == 0:
             return
-        env = sandbox_env(lang, with_libraries=True)
+        env = await self._install_env(ref, lang)
         timeout = self.settings.sandbox_install_timeout
         # A cache left half-written by an interrupted install is emptied first.
         await self.backend.exec(ref, ["find", str(LIBS_DIR), "-mindepth", "1", "-delete"], timeout=60)
@@ -180,3 +191,21 @@ class Executor:
                 f"Check the names and versions. Installer output:\n{output}"
             )
         await self.backend.exec(ref, ["touch", _COMPLETE], timeout=30)
+
+    async def _install_env(self, ref: SandboxRef, lang: Language) -> dict[str, str]:
+        env = sandbox_env(lang, with_libraries=True)
+        if self.settings.sandbox_pip_index_url:
+            env["PIP_INDEX_URL"] = self.settings.sandbox_pip_index_url
+        bundle = self.settings.sandbox_install_ca_bundle
+        if bundle is not None:
+            pem = await anyio.Path(bundle).read_bytes()
+            limits = ref.spec.limits
+            copied = await self.backend.exec(
+                ref, ["tar", "-x", "-C", "/tmp"], timeout=30, stdin=pack({_CA_NAME: pem}, limits.uid, limits.gid)
+            )
+            if copied.exit_code != 0:
+                raise InstallFailed(
+                    f"Could not copy SANDBOX_INSTALL_CA_BUNDLE into the installer: {_decode(copied.stderr)}"
+                )
+            env.update(dict.fromkeys(_CA_VARIABLES, _CA_FILE))
+        return env

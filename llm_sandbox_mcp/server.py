@@ -1,7 +1,6 @@
 """MCP glue: tools, resources and result shaping. The work happens in Executor."""
 # No `from __future__ import annotations`: tool signatures use closure values the SDK must evaluate.
 
-
 import base64
 import json
 import logging

@@ -5,6 +5,14 @@ import pytest
 from llm_sandbox_mcp.config import Settings, env_name
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--require-engines",
+        default="",
+        help="comma-separated engines that must be usable; a missing one fails instead of skipping",
+    )
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"

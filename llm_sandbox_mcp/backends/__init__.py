@@ -74,7 +74,9 @@ def load_backend(name: str, settings: Settings) -> Backend:
     try:
         module = import_module(f"llm_sandbox_mcp.backends._{name}")
     except ModuleNotFoundError as exc:
-        if exc.name and exc.name.split(".")[0] not in ("llm_sandbox_mcp",):
+        if exc.name == f"llm_sandbox_mcp.backends._{name}":
+            raise BackendUnavailable(f"Backend {name!r} is not part of this version of llm-sandbox-mcp") from exc
+        if exc.name and exc.name.split(".")[0] != "llm_sandbox_mcp":
             raise BackendUnavailable(
                 f"Backend {name!r} needs the Python package {_EXTRAS[name]!r}, which is not installed: "
                 f"run `uvx --with {_EXTRAS[name]} llm-sandbox-mcp`"

@@ -28,6 +28,8 @@ from llm_sandbox_mcp.models import WORKDIR, ExecResult, HeadTail, Limits, Sandbo
 
 logger = logging.getLogger(__name__)
 
+# PID 1. No init process: a PID-namespace init ignores signals from inside, so `kill -9 -1` on timeout kills
+# everything but it, and the sandbox stays usable; an init such as tini would exit with its killed child.
 SLEEPER = ["sleep", "infinity"]
 CACHE_PREFIX = "llm-sandbox-mcp-libs-"
 
@@ -114,7 +116,7 @@ class DockerBackend:
             self._prepare_cache(spec)
         options = container_options(spec, _owner.owner_labels())
         try:
-            container = client.containers.run(detach=True, init=True, **options)
+            container = client.containers.run(detach=True, **options)
         except docker.errors.ImageNotFound as exc:
             raise ImageMissing(
                 f"Image {spec.image!r} is not on the Docker engine. Pull or build it (`docker pull {spec.image}`), "
@@ -196,6 +198,7 @@ class DockerBackend:
                 send_stdin(sock, stdin)
             timed_out = pump(sock, out, err, started + timeout, lambda: self._kill_all(ref.id, user))
         finally:
+            stream.close()
             sock.close()
         exit_code = self._exit_code(exec_id)
         return ExecResult(

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -113,3 +114,15 @@ def test_readme_documents_every_variable() -> None:
     documented = set(re.findall(r"^\| `([A-Z_]+)`", README.read_text(), flags=re.MULTILINE))
     declared = {env_name(name) for name in Settings.model_fields} | {"SANDBOX_MEMORY"}
     assert documented == declared
+
+
+def test_server_json_declares_every_variable_with_the_readme_default() -> None:
+    manifest = json.loads((README.parent / "server.json").read_text())
+    package = manifest["packages"][0]
+    assert package["registryType"] == "pypi" and package["transport"] == {"type": "stdio"}
+    declared = {item["name"]: item.get("default") for item in package["environmentVariables"]}
+    rows = re.findall(r"^\| `([A-Z_]+)` \| (.*?) \|", README.read_text(), flags=re.MULTILINE)
+    documented = {name: default.strip("`") for name, default in rows}
+    assert set(declared) == set(documented)
+    for name, default in declared.items():
+        assert default == (None if documented[name] in ("unset", "—") else documented[name]), name

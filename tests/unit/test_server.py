@@ -41,6 +41,7 @@ async def test_tools_have_strict_input_schemas_and_output_schemas() -> None:
         assert tool.description
     execute = tools["execute_code"]
     assert execute.input_schema["required"] == ["code"]
+    assert execute.output_schema is not None
     assert set(execute.output_schema["properties"]) >= {"exit_code", "stdout", "stderr", "timed_out", "artifacts"}
 
 
@@ -79,8 +80,12 @@ async def test_every_plot_comes_back_as_its_own_image_and_files_are_listed() -> 
     assert isinstance(embedded[0].resource, TextResourceContents) and embedded[0].resource.text == "a,b\n1,2\n"
     assert result.structured_content is not None
     names = [(a["name"], a["mime_type"], a["size"]) for a in result.structured_content["artifacts"]]
-    assert names == [("chart.svg", "image/svg+xml", 6), ("data.csv", "text/csv", 8), ("figure_001.png", "image/png", 40),
-                     ("figure_002.png", "image/png", 41)]  # fmt: skip
+    assert names == [
+        ("chart.svg", "image/svg+xml", 6),
+        ("data.csv", "text/csv", 8),
+        ("figure_001.png", "image/png", 40),
+        ("figure_002.png", "image/png", 41),
+    ]
 
 
 async def test_invalid_utf8_is_replaced_not_a_crash() -> None:
@@ -191,8 +196,7 @@ async def test_languages_tool_and_resource_return_json_objects() -> None:
     async with Client(build_server(Settings(), FakeBackend())) as client:
         listed = await client.call_tool("get_supported_languages", {})
         resource = await client.read_resource("sandbox://languages")
-    payload = json.loads(_text(listed))
-    assert isinstance(payload, dict)
+    payload: dict[str, Any] = json.loads(_text(listed))
     assert [language["name"] for language in payload["languages"]][0] == "python"
     content = resource.contents[0]
     assert isinstance(content, TextResourceContents)

@@ -1,0 +1,141 @@
+"""The installed console script, driven over real stdio by the official MCP client: the process boundary itself."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp_types import ImageContent, TextContent
+
+from tests.engines.conftest import HOST_CA_BUNDLE, require_now
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.docker]
+
+SCRIPT = str(Path(sys.executable).parent / "llm-sandbox-mcp")
+ENV = {"SANDBOX_INSTALL_NETWORK_MODE": "host", "SANDBOX_LOG_LEVEL": "WARNING"}
+if Path(HOST_CA_BUNDLE).is_file():
+    ENV["SANDBOX_INSTALL_CA_BUNDLE"] = HOST_CA_BUNDLE
+
+
+@pytest.fixture
+def docker_required(request: pytest.FixtureRequest) -> None:
+    require_now(request, "docker")
+
+
+async def test_a_client_with_a_minimal_environment_runs_code_and_gets_plots(docker_required: None) -> None:
+    params = StdioServerParameters(command=SCRIPT, env=ENV)
+    with anyio.fail_after(120):
+        async with Client(params) as client:
+            tools = {tool.name for tool in (await client.list_tools()).tools}
+            assert {"execute_code", "get_supported_languages", "get_language_details"} <= tools
+            result = await client.call_tool("execute_code", {"code": "print(6 * 7)"})
+            first = result.content[0]
+            assert isinstance(first, TextContent)
+            assert json.loads(first.text)["stdout"] == "42\n"
+            assert result.structured_content is not None and result.structured_content["exit_code"] == 0
+            plot = await client.call_tool(
+                "execute_code",
+                {"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()\nplt.plot([2, 1])\nplt.show()"},
+            )
+            images = [block for block in plot.content if isinstance(block, ImageContent)]
+            assert [image.mime_type for image in images] == ["image/png", "image/png"]
+            bad = await client.call_tool("execute_code", {"code": "1", "language": "brainfuck"})
+            assert bad.is_error
+
+
+def test_malformed_protocol_messages_do_not_kill_the_server(docker_required: None) -> None:
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}},
+    }
+    lines = [
+        b"this is not json\n",
+        b"\xff\xfe\x00garbage\n",
+        b'{"jsonrpc": "2.0", "id": 7, "method": "no/such/method"}\n',
+        json.dumps(init).encode() + b"\n",
+        b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n',
+        b'{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "execute_code", "arguments": 5}}\n',
+        b'{"jsonrpc": "2.0", "id": 3, "method": "tools/list"}\n',
+    ]
+    server = subprocess.Popen(
+        [SCRIPT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={"PATH": "/usr/bin:/bin", **ENV},
+    )
+    assert server.stdin is not None and server.stdout is not None
+    try:
+        server.stdin.write(b"".join(lines))
+        server.stdin.flush()
+        replies: dict[object, dict[str, object]] = {}
+        while 3 not in replies:
+            line = server.stdout.readline()  # the test's timeout bounds this
+            assert line, "server closed stdout before answering"
+            reply = json.loads(line)
+            replies[reply.get("id")] = reply
+            assert b"Traceback" not in line
+        assert "result" in replies[1]
+        assert "error" in replies[7] and "error" in replies[2]
+        assert "execute_code" in json.dumps(replies[3]["result"])
+        assert server.poll() is None
+    finally:
+        server.stdin.close()
+        server.wait(timeout=30)
+        server.stdout.close()
+        if server.stderr is not None:
+            server.stderr.close()
+
+
+def test_bad_configuration_exits_2_with_one_line_per_variable() -> None:
+    completed = subprocess.run(
+        [SCRIPT],
+        capture_output=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "SANDBOX_PIDS_LIMIT": "lots", "BACKEND": "vmware"},
+        stdin=subprocess.DEVNULL,
+    )
+    assert completed.returncode == 2
+    assert completed.stdout == b""
+    lines = completed.stderr.decode().strip().splitlines()
+    assert [line.split(":")[1].strip() for line in lines] == ["invalid configuration"] * 2
+    assert any("BACKEND" in line for line in lines) and any("SANDBOX_PIDS_LIMIT" in line for line in lines)
+
+
+def test_doctor_reports_the_configured_backend(docker_required: None) -> None:
+    completed = subprocess.run([SCRIPT, "doctor"], capture_output=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+    out = completed.stdout.decode()
+    assert completed.returncode == 0, out
+    assert "docker      ok" in out and "configured backend: docker (usable)" in out
+
+
+def test_doctor_fails_when_the_engine_is_unreachable() -> None:
+    completed = subprocess.run(
+        [SCRIPT, "doctor"],
+        capture_output=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "DOCKER_HOST": "unix:///nonexistent/docker.sock"},
+    )
+    assert completed.returncode == 1
+    assert "docker      unavailable" in completed.stdout.decode()
+
+
+def test_run_prints_output_and_returns_the_programs_exit_code(docker_required: None) -> None:
+    completed = subprocess.run(
+        [SCRIPT, "run", "-"],
+        input=b"import sys\nprint('out')\nprint('err', file=sys.stderr)\nsys.exit(3)\n",
+        capture_output=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert completed.returncode == 3
+    assert completed.stdout == b"out\n"
+    assert completed.stderr == b"err\n"
