@@ -13,7 +13,7 @@ import anyio
 from llm_sandbox_mcp.artifacts import Artifact, collect
 from llm_sandbox_mcp.backends import Backend
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.errors import InstallFailed, InvalidRequest
+from llm_sandbox_mcp.errors import InstallFailed, InvalidRequest, SandboxFailure
 from llm_sandbox_mcp.languages import Language, get_language, sandbox_env
 from llm_sandbox_mcp.models import LIBS_DIR, OUTPUT_DIR, CacheMount, ExecResult, Limits, SandboxRef, SandboxSpec
 from llm_sandbox_mcp.pool import Pool
@@ -161,7 +161,14 @@ class Executor:
                 pids=max(self.limits.pids, 512),
             )
             spec = SandboxSpec(self.settings.image_for(lang.name), install_limits, CacheMount(key, writable=True))
-            ref = await self.backend.create(spec)
+            try:
+                ref = await self.backend.create(spec)
+            except SandboxFailure as exc:
+                raise InstallFailed(
+                    f"Could not start the library installer: {exc}. Its network is "
+                    f"SANDBOX_INSTALL_NETWORK_MODE={install_limits.network_mode!r}; set it to a network this engine "
+                    "has (e.g. 'host' when the engine has no bridge network)."
+                ) from exc
             try:
                 await self._install(ref, lang, specs)
             except BaseException:

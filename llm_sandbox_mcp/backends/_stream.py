@@ -12,12 +12,16 @@ import struct
 import time
 from collections.abc import Callable
 
+import anyio.to_thread
+
+from llm_sandbox_mcp.errors import SandboxFailure
 from llm_sandbox_mcp.models import HeadTail
 
 _HEADER = struct.Struct(">BxxxL")
 _CHUNK = 65536
 # After a kill, wait this long for the stream to close before giving up on it.
 _DRAIN_SECONDS = 3.0
+_STDERR_TAIL = 64 * 1024
 
 
 def send_stdin(sock: socket.socket, data: bytes) -> None:
@@ -26,6 +30,24 @@ def send_stdin(sock: socket.socket, data: bytes) -> None:
         sock.sendall(data)
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_WR)
+
+
+class FrameReader:
+    """Incremental parser of the multiplexed stream: feed raw bytes, get (stream, payload) pairs."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        self._buffer += data
+        frames: list[tuple[int, bytes]] = []
+        while len(self._buffer) >= _HEADER.size:
+            stream, size = _HEADER.unpack_from(self._buffer)
+            if len(self._buffer) < _HEADER.size + size:
+                break
+            frames.append((stream, bytes(self._buffer[_HEADER.size : _HEADER.size + size])))
+            del self._buffer[: _HEADER.size + size]
+        return frames
 
 
 def pump(
@@ -39,7 +61,7 @@ def pump(
 
     Returns True when the deadline passed.
     """
-    buffer = bytearray()
+    reader = FrameReader()
     sinks = {1: out, 2: err}
     timed_out = False
     hard_stop = float("inf")
@@ -64,14 +86,61 @@ def pump(
             break
         if not chunk:
             break
-        buffer += chunk
-        while len(buffer) >= _HEADER.size:
-            stream, size = _HEADER.unpack_from(buffer)
-            if len(buffer) < _HEADER.size + size:
-                break
-            payload = bytes(buffer[_HEADER.size : _HEADER.size + size])
-            del buffer[: _HEADER.size + size]
+        for stream, payload in reader.feed(chunk):
             sink = sinks.get(stream)
             if sink is not None:
                 sink.feed(payload)
     return timed_out
+
+
+class SocketProcess:
+    """A process behind a multiplexed exec socket, as a SandboxProcess. Blocking IO runs in worker threads."""
+
+    def __init__(self, sock: socket.socket, closer: Callable[[], object]) -> None:
+        self._sock = sock
+        self._closer = closer
+        self._reader = FrameReader()
+        self._stderr_tail = bytearray()
+        self._closed = False
+
+    async def send(self, data: bytes) -> None:
+        try:
+            await anyio.to_thread.run_sync(self._sock.sendall, data)
+        except OSError as exc:
+            raise SandboxFailure(f"The sandbox process is gone ({exc})") from exc
+
+    async def receive(self) -> bytes:
+        while True:
+            chunk = await anyio.to_thread.run_sync(self._recv, abandon_on_cancel=True)
+            if not chunk:
+                return b""
+            out = bytearray()
+            for stream, payload in self._reader.feed(chunk):
+                if stream == 1:
+                    out += payload
+                elif stream == 2:
+                    self._stderr_tail += payload
+                    del self._stderr_tail[:-_STDERR_TAIL]
+            if out:
+                return bytes(out)
+
+    def _recv(self) -> bytes:
+        while not self._closed:
+            ready, _, _ = select.select([self._sock], [], [], 0.5)
+            if ready:
+                try:
+                    return self._sock.recv(_CHUNK)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    return b""
+        return b""
+
+    def stderr_tail(self) -> bytes:
+        return bytes(self._stderr_tail)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        self._closer()
