@@ -14,7 +14,7 @@ from llm_sandbox_mcp.artifacts import Artifact, collect
 from llm_sandbox_mcp.backends import Backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import InstallFailed, InvalidRequest, SandboxFailure
-from llm_sandbox_mcp.languages import Language, get_language, sandbox_env
+from llm_sandbox_mcp.languages import Language, get_language, install_env, sandbox_env
 from llm_sandbox_mcp.models import LIBS_DIR, OUTPUT_DIR, CacheMount, ExecResult, Limits, SandboxRef, SandboxSpec
 from llm_sandbox_mcp.pool import Pool
 from llm_sandbox_mcp.transfer import pack, unpack
@@ -200,9 +200,7 @@ class Executor:
         await self.backend.exec(ref, ["touch", _COMPLETE], timeout=30)
 
     async def _install_env(self, ref: SandboxRef, lang: Language) -> dict[str, str]:
-        env = sandbox_env(lang, with_libraries=True)
-        if self.settings.sandbox_pip_index_url:
-            env["PIP_INDEX_URL"] = self.settings.sandbox_pip_index_url
+        env = {**sandbox_env(lang, with_libraries=True), **install_env(lang, self.settings)}
         bundle = self.settings.sandbox_install_ca_bundle
         if bundle is not None:
             pem = await anyio.Path(bundle).read_bytes()

@@ -7,9 +7,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
+from typing import TYPE_CHECKING
 
 from llm_sandbox_mcp.errors import InvalidRequest
 from llm_sandbox_mcp.models import LIBS_DIR, OUTPUT_DIR
+
+if TYPE_CHECKING:
+    from llm_sandbox_mcp.config import Settings
 
 
 @cache
@@ -106,4 +110,12 @@ def sandbox_env(language: Language, with_libraries: bool) -> dict[str, str]:
     env = {**_COMMON_ENV, **language.env}
     if with_libraries:
         env.update(language.lib_env)
+    return env
+
+
+def install_env(language: Language, settings: Settings) -> dict[str, str]:
+    """Variables that point a language's installer at the operator's registry or mirror."""
+    env: dict[str, str] = {}
+    if language.name == "python" and settings.sandbox_pip_index_url:
+        env["PIP_INDEX_URL"] = settings.sandbox_pip_index_url
     return env
