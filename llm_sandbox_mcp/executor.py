@@ -14,7 +14,7 @@ from llm_sandbox_mcp.artifacts import Artifact, collect
 from llm_sandbox_mcp.backends import Backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import InstallFailed, InvalidRequest, SandboxFailure
-from llm_sandbox_mcp.languages import Language, get_language, install_env, sandbox_env
+from llm_sandbox_mcp.languages import COMPILE_FAILED_MARKER, Language, get_language, install_env, sandbox_env
 from llm_sandbox_mcp.models import LIBS_DIR, OUTPUT_DIR, CacheMount, ExecResult, Limits, SandboxRef, SandboxSpec
 from llm_sandbox_mcp.pool import Pool
 from llm_sandbox_mcp.transfer import pack, unpack
@@ -48,6 +48,7 @@ class Execution:
     duration_ms: int
     language: str
     backend: str
+    phase: str = "run"
     artifacts: list[Artifact] = field(default_factory=lambda: [])
 
 
@@ -111,7 +112,11 @@ class Executor:
         return self._shape(lang, result, artifacts, seconds)
 
     def _shape(self, lang: Language, result: ExecResult, artifacts: list[Artifact], seconds: float) -> Execution:
-        stderr = _decode(result.stderr)
+        phase = "run"
+        raw_stderr = result.stderr
+        if raw_stderr.endswith(COMPILE_FAILED_MARKER):
+            phase, raw_stderr = "compile", raw_stderr[: -len(COMPILE_FAILED_MARKER)]
+        stderr = _decode(raw_stderr)
         if result.timed_out:
             stderr += (
                 f"\n[timed out after {seconds:g} s: every process was killed; raise `timeout` "
@@ -126,6 +131,7 @@ class Executor:
             duration_ms=round(result.duration_ms),
             language=lang.name,
             backend=self.backend.name,
+            phase=phase,
             artifacts=artifacts,
         )
 

@@ -54,6 +54,9 @@ class Language:
         return sorted(specs)
 
 
+# A run script whose compile step failed ends its stderr with this, so the result can say phase "compile".
+COMPILE_FAILED_MARKER = b"\x1ellm-sandbox-phase:compile\x1e\n"
+
 _COMMON_ENV = {"HOME": "/tmp", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "OUTPUT_DIR": str(OUTPUT_DIR)}
 
 # A PEP 508 name, optional extras, optional comma-separated version specifiers; no URLs or markers.

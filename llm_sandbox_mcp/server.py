@@ -6,7 +6,7 @@ import json
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import anyio
 from mcp.server import MCPServer
@@ -55,6 +55,7 @@ class ExecutionResult(BaseModel):
     duration_ms: int
     language: str
     backend: str
+    phase: Literal["compile", "run"] = Field(description="Where it failed or ended: compile errors say 'compile'")
     artifacts: list[ArtifactInfo] = Field(description="Files written to $OUTPUT_DIR (plots included)")
 
 
@@ -112,6 +113,7 @@ def shape_execution(execution: Execution) -> CallToolResult:
         duration_ms=execution.duration_ms,
         language=execution.language,
         backend=execution.backend,
+        phase="compile" if execution.phase == "compile" else "run",
         artifacts=[
             ArtifactInfo(name=a.name, mime_type=a.mime_type, size=a.size, inline=_inlined(a))
             for a in execution.artifacts

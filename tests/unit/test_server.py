@@ -212,3 +212,14 @@ async def test_language_details_report_the_version_the_image_has() -> None:
     assert result.structured_content["version"] == "Python 3.12.7"
     assert again.structured_content == result.structured_content
     assert [call.argv for call in backend.calls].count(["python3", "--version"]) == 1
+
+
+async def test_a_compile_failure_is_a_result_in_phase_compile_without_the_marker() -> None:
+    from llm_sandbox_mcp.languages import COMPILE_FAILED_MARKER
+
+    backend = FakeBackend(handler=lambda call: ok(stderr=b"main.cpp:1: error: x\n" + COMPILE_FAILED_MARKER, exit_code=1))
+    result = await _call(backend, {"code": "int main( {"})
+    assert not result.is_error
+    assert result.structured_content is not None
+    assert result.structured_content["phase"] == "compile"
+    assert result.structured_content["stderr"] == "main.cpp:1: error: x\n"
