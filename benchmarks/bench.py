@@ -1,9 +1,11 @@
 """Latency of execute_code through MCP over stdio, as a client sees it.
 
-    python benchmarks/bench.py [--runs 30] [--warmup 3] [--json out.json]
+    python benchmarks/bench.py [--runs 30] [--warmup 3] [--interval 1.0] [--json out.json]
 
 Starts the installed `llm-sandbox-mcp` with the current environment (so BACKEND, DOCKER_HOST etc. apply),
-then times sequential calls per scenario and prints median and p95 in milliseconds.
+then times sequential calls per scenario and prints median and p95 in milliseconds. `--interval` is the pause
+between calls (an agent thinks between calls; the pool refills meanwhile); the pause is not timed.
+--interval 0 measures back-to-back calls, where every call waits for a sandbox to be made.
 """
 
 from __future__ import annotations
@@ -34,13 +36,14 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[index]
 
 
-async def bench(runs: int, warmup: int) -> dict[str, Any]:
+async def bench(runs: int, warmup: int, interval: float) -> dict[str, Any]:
     script = str(Path(sys.executable).parent / "llm-sandbox-mcp")
     params = StdioServerParameters(command=script, env=dict(os.environ))
     report: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
         "backend": os.environ.get("BACKEND", "docker"),
         "runs": runs,
+        "interval_s": interval,
         "scenarios": {},
     }
     async with Client(params) as client:
@@ -55,6 +58,7 @@ async def bench(runs: int, warmup: int) -> dict[str, Any]:
                     raise SystemExit(f"{name}: call failed: {result.content}")
                 if i >= warmup:
                     samples.append(elapsed)
+                await anyio.sleep(interval)
             report["scenarios"][name] = {
                 "p50_ms": round(statistics.median(samples), 1),
                 "p95_ms": round(percentile(samples, 0.95), 1),
@@ -67,10 +71,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between calls (not timed)")
     parser.add_argument("--json", type=Path, help="also write the report here")
     args = parser.parse_args()
-    report = anyio.run(bench, args.runs, args.warmup)
-    lines = [f"{report['machine']} · backend {report['backend']} · {report['runs']} runs"]
+    report = anyio.run(bench, args.runs, args.warmup, args.interval)
+    lines = [f"{report['machine']} · backend {report['backend']} · {report['runs']} runs, {args.interval:g} s apart"]
     for name, numbers in report["scenarios"].items():
         lines.append(f"  {name:<18} p50 {numbers['p50_ms']:>7.1f} ms   p95 {numbers['p95_ms']:>7.1f} ms")
     sys.stdout.write("\n".join(lines) + "\n")

@@ -16,7 +16,6 @@ from llm_sandbox_mcp.config import Settings, load_settings
 from llm_sandbox_mcp.errors import ConfigError, SandboxError
 from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import LANGUAGES
-from llm_sandbox_mcp.pool import Pool
 
 logger = logging.getLogger("llm_sandbox_mcp")
 
@@ -83,10 +82,8 @@ async def _run(settings: Settings, args: argparse.Namespace) -> int:
     code = sys.stdin.read() if args.file == "-" else await anyio.Path(args.file).read_text(encoding="utf-8")
     backend = load_backend("docker" if settings.backend == "auto" else settings.backend, settings)
     try:
-        async with Pool(backend, size=0) as pool:
-            execution = await Executor(settings, backend, pool).execute(
-                code, args.language, args.libraries, args.timeout
-            )
+        async with Executor(settings.model_copy(update={"sandbox_pool_size": 0}), backend) as executor:
+            execution = await executor.execute(code, args.language, args.libraries, args.timeout)
     except SandboxError as exc:
         sys.stderr.write(f"llm-sandbox-mcp: {exc}\n")
         return 2

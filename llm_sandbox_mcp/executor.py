@@ -7,6 +7,7 @@ import json
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from types import TracebackType
 
 import anyio
 
@@ -14,8 +15,18 @@ from llm_sandbox_mcp.artifacts import Artifact, collect
 from llm_sandbox_mcp.backends import Backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import InstallFailed, InvalidRequest, SandboxFailure
+from llm_sandbox_mcp.kernel import Kernel
 from llm_sandbox_mcp.languages import COMPILE_FAILED_MARKER, Language, get_language, install_env, sandbox_env
-from llm_sandbox_mcp.models import LIBS_DIR, OUTPUT_DIR, CacheMount, ExecResult, Limits, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.models import (
+    LIBS_DIR,
+    OUTPUT_DIR,
+    WORKDIR,
+    CacheMount,
+    ExecResult,
+    Limits,
+    SandboxRef,
+    SandboxSpec,
+)
 from llm_sandbox_mcp.pool import Pool
 from llm_sandbox_mcp.transfer import pack, unpack
 
@@ -56,21 +67,71 @@ def _decode(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-class Executor:
-    """Runs code on one backend, through the warm pool, with libraries from the install cache."""
+@dataclass(frozen=True)
+class WarmKey:
+    """What makes two sandboxes interchangeable in the pool."""
 
-    def __init__(self, settings: Settings, backend: Backend, pool: Pool) -> None:
+    language: str
+    spec: SandboxSpec
+
+
+@dataclass
+class Lease:
+    """A sandbox ready for one call, with its warm interpreter when the language has one."""
+
+    ref: SandboxRef
+    kernel: Kernel | None = None
+
+
+class Executor:
+    """Runs code on one backend, through the warm pool, with libraries from the install cache.
+
+    Use as an async context manager: it owns the pool's background work.
+    """
+
+    def __init__(self, settings: Settings, backend: Backend) -> None:
         self.settings = settings
         self.backend = backend
-        self.pool = pool
         self.limits = settings.limits()
+        self.pool: Pool[WarmKey, Lease] = Pool(self._make_lease, self._dispose_lease, settings.sandbox_pool_size)
         self._limiter = anyio.CapacityLimiter(settings.sandbox_max_concurrency)
         self._install_locks: defaultdict[str, anyio.Lock] = defaultdict(anyio.Lock)
         self._ready_caches: set[str] = set()
 
+    async def __aenter__(self) -> Executor:
+        await self.pool.__aenter__()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.pool.__aexit__(exc_type, exc, tb)
+
     def spec_for(self, language: Language, cache_key: str | None = None) -> SandboxSpec:
         cache = CacheMount(cache_key) if cache_key else None
         return SandboxSpec(image=self.settings.image_for(language.name), limits=self.limits, cache=cache)
+
+    def warm(self, language: Language) -> None:
+        """Have sandboxes for `language` (without libraries) ready before the first call."""
+        self.pool.warm(WarmKey(language.name, self.spec_for(language)))
+
+    async def _make_lease(self, key: WarmKey, ahead: bool) -> Lease:
+        lang = get_language(key.language)
+        ref = await self.backend.create(key.spec)
+        if not lang.kernel:
+            return Lease(ref)
+        try:
+            env = sandbox_env(lang, with_libraries=key.spec.cache is not None)
+            return Lease(ref, await Kernel.start(self.backend, ref, env, preload=ahead))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.backend.destroy(ref)
+            raise
+
+    async def _dispose_lease(self, lease: Lease) -> None:
+        if lease.kernel is not None:
+            await lease.kernel.aclose()
+        await self.backend.destroy(lease.ref)
 
     def check_timeout(self, timeout: float | None) -> float:
         if timeout is None:
@@ -95,21 +156,42 @@ class Executor:
         specs = lang.check_libraries(libraries or [])
         async with self._limiter:
             cache_key = await self.ensure_libraries(lang, specs) if specs else None
-            spec = self.spec_for(lang, cache_key)
-            ref = await self.pool.acquire(spec)
+            lease = await self.pool.acquire(WarmKey(lang.name, self.spec_for(lang, cache_key)))
             try:
-                result = await self.backend.exec(
-                    ref,
-                    lang.run_argv(),
-                    timeout=seconds,
-                    stdin=source,
-                    env=sandbox_env(lang, bool(cache_key)),
-                    output_limit=self.settings.sandbox_output_limit,
-                )
-                artifacts = await self._artifacts(ref)
+                if lease.kernel is not None:
+                    run = await lease.kernel.run(
+                        code,
+                        mode="fork",
+                        echo=False,
+                        filename=str(WORKDIR / lang.file_name),
+                        timeout=seconds,
+                        output_limit=self.settings.sandbox_output_limit,
+                        artifact_limit=self.settings.sandbox_artifact_limit,
+                    )
+                    result, artifacts = run.result, run.artifacts
+                else:
+                    result = await self.backend.exec(
+                        lease.ref,
+                        lang.run_argv(),
+                        timeout=seconds,
+                        stdin=source,
+                        env=sandbox_env(lang, bool(cache_key)),
+                        output_limit=self.settings.sandbox_output_limit,
+                    )
+                    artifacts = await self._artifacts(lease.ref)
             finally:
-                self.pool.release(ref)
+                await self.pool.release(lease)
         return self._shape(lang, result, artifacts, seconds)
+
+    async def probe_version(self, lang: Language) -> str:
+        """The runtime version the configured image really has."""
+        lease = await self.pool.acquire(WarmKey(lang.name, self.spec_for(lang)))
+        try:
+            result = await self.backend.exec(lease.ref, list(lang.version_argv), timeout=30, output_limit=4096)
+        finally:
+            await self.pool.release(lease)
+        text = (result.stdout or result.stderr).decode("utf-8", errors="replace").strip()
+        return text.splitlines()[0] if text else "unknown"
 
     def _shape(self, lang: Language, result: ExecResult, artifacts: list[Artifact], seconds: float) -> Execution:
         phase = "run"

@@ -39,6 +39,8 @@ class Language:
     plots: str = "no automatic capture; write files to $OUTPUT_DIR to return them"
     examples: tuple[str, ...] = ()
     notes: str = ""
+    # Runs through a warm interpreter in the sandbox (runners/python_kernel.py) instead of one exec per call.
+    kernel: bool = False
 
     def check_libraries(self, libraries: Sequence[str]) -> list[str]:
         """Validated, de-duplicated, sorted specs; raises InvalidRequest naming the first bad one."""
@@ -79,7 +81,8 @@ PYTHON = Language(
     name="python",
     title="Python",
     file_name="main.py",
-    run_argv=lambda: ["python3", "-c", runner_source("python_runner.py")],
+    run_argv=lambda: ["python3", "-c", runner_source("python_kernel.py")],
+    kernel=True,
     version_argv=("python3", "--version"),
     package_manager="pip",
     library_syntax="a PyPI requirement such as 'requests', 'numpy==2.1.0' or 'pandas[excel]>=2,<3'",

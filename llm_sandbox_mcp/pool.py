@@ -1,38 +1,52 @@
-"""Warm pool: hardened sandboxes created ahead of time, so a call costs an exec rather than a start.
+"""Warm pool: sandboxes made ready ahead of time, so a call costs a message rather than a container start.
 
-A sandbox is used once: `acquire` takes a ready one (or creates one), a replacement is started in the
-background, and `release` destroys the used one in the background.
+Items are used once: `acquire` takes a ready one (or makes one), a replacement is made in the background,
+and `release` disposes of the used one in the background.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Hashable
 from types import TracebackType
+from typing import Generic, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
 
-from llm_sandbox_mcp.backends import Backend
 from llm_sandbox_mcp.errors import SandboxError
-from llm_sandbox_mcp.models import SandboxRef, SandboxSpec
 
 logger = logging.getLogger(__name__)
 
+K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
 
-class Pool:
-    """Ready sandboxes per spec, at most `size` each, for the `max_specs` most recently used specs."""
 
-    def __init__(self, backend: Backend, size: int, max_specs: int = 4) -> None:
-        self._backend = backend
+class Pool(Generic[K, T]):
+    """At most `size` ready items per key, for the `max_keys` most recently used keys.
+
+    `make(key, ahead)` builds an item; `ahead` is True when it is made for the pool rather than for a waiting
+    caller, so it may spend longer getting ready (e.g. pre-importing libraries).
+    """
+
+    def __init__(
+        self,
+        make: Callable[[K, bool], Awaitable[T]],
+        dispose: Callable[[T], Awaitable[None]],
+        size: int,
+        max_keys: int = 4,
+    ) -> None:
+        self._make = make
+        self._dispose = dispose
         self._size = size
-        self._max_specs = max_specs
-        self._ready: OrderedDict[SandboxSpec, list[SandboxRef]] = OrderedDict()
-        self._starting: dict[SandboxSpec, int] = {}
+        self._max_keys = max_keys
+        self._ready: OrderedDict[K, list[T]] = OrderedDict()
+        self._making: dict[K, int] = {}
         self._tasks: TaskGroup | None = None
         self._closed = False
 
-    async def __aenter__(self) -> Pool:
+    async def __aenter__(self) -> Pool[K, T]:
         self._tasks = anyio.create_task_group()
         await self._tasks.__aenter__()
         return self
@@ -45,58 +59,60 @@ class Pool:
         self._tasks.cancel_scope.cancel()
         await self._tasks.__aexit__(exc_type, exc, tb)
         with anyio.CancelScope(shield=True):
-            for refs in self._ready.values():
-                for ref in refs:
-                    await self._backend.destroy(ref)
+            for items in self._ready.values():
+                for item in items:
+                    await self._dispose(item)
             self._ready.clear()
 
-    def warm(self, spec: SandboxSpec) -> None:
-        """Start filling the pool for `spec` in the background."""
+    def warm(self, key: K) -> None:
+        """Start making items for `key` in the background, up to the pool size."""
         if self._size == 0 or self._closed or self._tasks is None:
             return
-        self._ready.setdefault(spec, [])
-        self._ready.move_to_end(spec)
+        self._ready.setdefault(key, [])
+        self._ready.move_to_end(key)
         self._evict()
-        missing = self._size - len(self._ready[spec]) - self._starting.get(spec, 0)
+        missing = self._size - len(self._ready[key]) - self._making.get(key, 0)
         for _ in range(max(0, missing)):
-            self._starting[spec] = self._starting.get(spec, 0) + 1
-            self._tasks.start_soon(self._fill, spec)
+            self._making[key] = self._making.get(key, 0) + 1
+            self._tasks.start_soon(self._fill, key)
 
-    async def _fill(self, spec: SandboxSpec) -> None:
+    async def _fill(self, key: K) -> None:
         try:
-            ref = await self._backend.create(spec)
+            item = await self._make(key, True)
         except SandboxError as exc:
-            logger.warning("Could not pre-start a sandbox for %s: %s", spec.image, exc)
+            logger.warning("Could not prepare a sandbox ahead of time: %s", exc)
             return
         finally:
-            self._starting[spec] -= 1
-        if self._closed or spec not in self._ready:
+            self._making[key] -= 1
+        if self._closed or key not in self._ready:
             with anyio.CancelScope(shield=True):
-                await self._backend.destroy(ref)
+                await self._dispose(item)
             return
-        self._ready[spec].append(ref)
+        self._ready[key].append(item)
 
     def _evict(self) -> None:
-        while len(self._ready) > self._max_specs:
-            _, refs = self._ready.popitem(last=False)
-            for ref in refs:
-                self.release(ref)
+        while len(self._ready) > self._max_keys:
+            _, items = self._ready.popitem(last=False)
+            for item in items:
+                if self._tasks is not None:
+                    self._tasks.start_soon(self._shielded_dispose, item)
 
-    async def acquire(self, spec: SandboxSpec) -> SandboxRef:
-        """A fresh sandbox for `spec`; the pool refills behind it."""
-        refs = self._ready.get(spec)
-        ref = refs.pop(0) if refs else None
-        self.warm(spec)
-        if ref is None:
-            ref = await self._backend.create(spec)
-        return ref
+    async def acquire(self, key: K) -> T:
+        """A fresh item for `key`; the pool refills behind it."""
+        items = self._ready.get(key)
+        item = items.pop(0) if items else None
+        self.warm(key)
+        if item is None:
+            item = await self._make(key, False)
+        return item
 
-    def release(self, ref: SandboxRef) -> None:
-        """Destroy a used sandbox without making the caller wait."""
+    async def release(self, item: T) -> None:
+        """Dispose of a used item, in the background unless the pool is closing."""
         if self._tasks is None or self._closed:
+            await self._shielded_dispose(item)
             return
-        self._tasks.start_soon(self._destroy, ref)
+        self._tasks.start_soon(self._shielded_dispose, item)
 
-    async def _destroy(self, ref: SandboxRef) -> None:
+    async def _shielded_dispose(self, item: T) -> None:
         with anyio.CancelScope(shield=True):
-            await self._backend.destroy(ref)
+            await self._dispose(item)

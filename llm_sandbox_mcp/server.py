@@ -30,7 +30,6 @@ from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxError
 from llm_sandbox_mcp.executor import MAX_CODE_BYTES, Execution, Executor
 from llm_sandbox_mcp.languages import LANGUAGES, get_language
-from llm_sandbox_mcp.pool import Pool
 
 logger = logging.getLogger(__name__)
 
@@ -162,10 +161,9 @@ def build_server(settings: Settings, backend: Backend | None = None) -> MCPServe
         async with AsyncExitStack() as stack:
             engine = backend or load_backend(_backend_name(settings), settings)
             stack.push_async_callback(_shielded, engine.aclose)
-            pool = await stack.enter_async_context(Pool(engine, settings.sandbox_pool_size))
-            state.running = Executor(settings, engine, pool)
+            state.running = await stack.enter_async_context(Executor(settings, engine))
             async with anyio.create_task_group() as tasks:
-                tasks.start_soon(_prepare, engine, pool, state.executor)
+                tasks.start_soon(_prepare, state.running)
                 yield state
                 tasks.cancel_scope.cancel()
 
@@ -242,13 +240,13 @@ async def _shielded(close: Callable[[], Awaitable[None]]) -> None:
         await close()
 
 
-async def _prepare(engine: Backend, pool: Pool, executor: Executor) -> None:
+async def _prepare(executor: Executor) -> None:
     """Start-up work that must not delay serving: sweep leftovers, warm the default language."""
     try:
-        swept = await engine.sweep()
+        swept = await executor.backend.sweep()
         if swept:
             logger.info("Removed %d sandboxes left by servers that are no longer running", swept)
-        pool.warm(executor.spec_for(get_language("python")))
+        executor.warm(get_language("python"))
     except SandboxError as exc:
         logger.warning("%s", exc)
 
@@ -273,7 +271,7 @@ async def _details(state: AppState, name: str) -> LanguageDetails:
     lang = get_language(name)
     image = state.settings.image_for(lang.name)
     if image not in state.versions:
-        state.versions[image] = await _probe_version(state.executor, lang.name)
+        state.versions[image] = await state.executor.probe_version(lang)
     return LanguageDetails(
         name=lang.name,
         title=lang.title,
@@ -286,14 +284,3 @@ async def _details(state: AppState, name: str) -> LanguageDetails:
         examples=list(lang.examples),
         notes=lang.notes,
     )
-
-
-async def _probe_version(executor: Executor, language: str) -> str:
-    lang = get_language(language)
-    ref = await executor.pool.acquire(executor.spec_for(lang))
-    try:
-        result = await executor.backend.exec(ref, list(lang.version_argv), timeout=30, output_limit=4096)
-    finally:
-        executor.pool.release(ref)
-    text = (result.stdout or result.stderr).decode("utf-8", errors="replace").strip()
-    return text.splitlines()[0] if text else "unknown"

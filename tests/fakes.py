@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import io
+import json
+import struct
 import tarfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+
+import anyio
 
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, SandboxRef, SandboxSpec
 
@@ -32,6 +36,59 @@ def tar_of(files: Mapping[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
+_FRAME = struct.Struct(">cI")
+
+
+def frame(kind: bytes, payload: bytes) -> bytes:
+    return _FRAME.pack(kind, len(payload)) + payload
+
+
+class FakeKernel:
+    """Speaks the kernel protocol: each run request becomes a Call to the test's handler."""
+
+    def __init__(self, backend: FakeBackend, env: dict[str, str]) -> None:
+        self.backend = backend
+        self.env = env
+        self.pending = bytearray(frame(b"H", json.dumps({"pid": 42, "python": "3.12.0"}).encode()))
+        self.inbox = bytearray()
+
+    async def send(self, data: bytes) -> None:
+        self.inbox += data
+        while len(self.inbox) >= _FRAME.size:
+            _, size = _FRAME.unpack_from(self.inbox)
+            if len(self.inbox) < _FRAME.size + size:
+                return
+            request = json.loads(bytes(self.inbox[_FRAME.size : _FRAME.size + size]))
+            del self.inbox[: _FRAME.size + size]
+            self._run(request)
+
+    def _run(self, request: dict[str, object]) -> None:
+        call = Call(["python3", "-c", "<kernel>"], str(request["code"]).encode(), self.env, 0.0)
+        self.backend.calls.append(call)
+        result = self.backend.handler(call)
+        self.pending += frame(b"O", result.stdout) + frame(b"E", result.stderr)
+        for name, data in self.backend.outputs.items():
+            header = json.dumps({"name": name, "size": len(data), "inline": True}).encode()
+            self.pending += frame(b"F", header + b"\n" + data)
+        if result.timed_out:
+            return  # never answers: the server's deadline must fire
+        self.pending += frame(b"D", json.dumps({"exit": result.exit_code}).encode())
+
+    async def receive(self, timeout: float) -> bytes | None:
+        if self.pending:
+            data = bytes(self.pending)
+            self.pending.clear()
+            return data
+        await anyio.sleep(timeout)
+        return None
+
+    def stderr_tail(self) -> bytes:
+        return b""
+
+    async def aclose(self) -> None:
+        return None
+
+
 def ok(stdout: bytes = b"", stderr: bytes = b"", exit_code: int = 0) -> ExecResult:
     return ExecResult(exit_code=exit_code, stdout=stdout, stderr=stderr)
 
@@ -47,6 +104,7 @@ class FakeBackend:
     created: list[SandboxSpec] = field(default_factory=lambda: [])
     destroyed: list[str] = field(default_factory=lambda: [])
     calls: list[Call] = field(default_factory=lambda: [])
+    killed: list[str] = field(default_factory=lambda: [])
     closed: bool = False
 
     async def create(self, spec: SandboxSpec) -> SandboxRef:
@@ -71,6 +129,19 @@ class FakeBackend:
         if argv[:2] == ["tar", "-c"]:
             return ok(tar_of(self.outputs))
         return self.handler(call)
+
+    async def start(
+        self,
+        ref: SandboxRef,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        workdir: PurePosixPath = WORKDIR,
+    ) -> FakeKernel:
+        return FakeKernel(self, dict(env or {}))
+
+    async def kill_all(self, ref: SandboxRef) -> None:
+        self.killed.append(ref.id)
 
     async def destroy(self, ref: SandboxRef) -> None:
         self.destroyed.append(ref.id)

@@ -28,8 +28,9 @@ class SandboxProcess(Protocol):
         """Write to the process's stdin. Raises SandboxFailure when the process is gone."""
         ...
 
-    async def receive(self) -> bytes:
-        """The next chunk of stdout, as soon as any is available; b"" once the process has ended."""
+    async def receive(self, timeout: float) -> bytes | None:
+        """The next chunk of stdout as soon as any is available, b"" once the process has ended, or None when
+        nothing arrived within `timeout` seconds. Never loses data: callers poll instead of cancelling."""
         ...
 
     def stderr_tail(self) -> bytes:

@@ -109,9 +109,12 @@ class SocketProcess:
         except OSError as exc:
             raise SandboxFailure(f"The sandbox process is gone ({exc})") from exc
 
-    async def receive(self) -> bytes:
+    async def receive(self, timeout: float) -> bytes | None:
+        deadline = time.monotonic() + timeout
         while True:
-            chunk = await anyio.to_thread.run_sync(self._recv, abandon_on_cancel=True)
+            chunk = await anyio.to_thread.run_sync(self._recv, max(0.0, deadline - time.monotonic()))
+            if chunk is None:
+                return None
             if not chunk:
                 return b""
             out = bytearray()
@@ -124,17 +127,18 @@ class SocketProcess:
             if out:
                 return bytes(out)
 
-    def _recv(self) -> bytes:
-        while not self._closed:
-            ready, _, _ = select.select([self._sock], [], [], 0.5)
-            if ready:
-                try:
-                    return self._sock.recv(_CHUNK)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    return b""
-        return b""
+    def _recv(self, timeout: float) -> bytes | None:
+        if self._closed:
+            return b""
+        ready, _, _ = select.select([self._sock], [], [], timeout)
+        if not ready:
+            return None
+        try:
+            return self._sock.recv(_CHUNK)
+        except BlockingIOError:
+            return None
+        except OSError:
+            return b""
 
     def stderr_tail(self) -> bytes:
         return bytes(self._stderr_tail)

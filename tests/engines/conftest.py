@@ -14,12 +14,11 @@ from typing import Any
 import anyio
 import pytest
 
-from llm_sandbox_mcp.backends import Backend, load_backend
+from llm_sandbox_mcp.backends import Backend, SandboxProcess, load_backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxError
 from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, SandboxRef, SandboxSpec
-from llm_sandbox_mcp.pool import Pool
 
 ENGINES = ("docker",)
 # The host's trust store: behind a TLS-inspecting proxy the images' own bundles are not enough to install.
@@ -93,6 +92,20 @@ class RecordingBackend:
             ref, argv, timeout=timeout, stdin=stdin, env=env, workdir=workdir, output_limit=output_limit
         )
 
+    async def start(
+        self,
+        ref: SandboxRef,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        workdir: PurePosixPath = WORKDIR,
+    ) -> SandboxProcess:
+        self.argvs.append(list(argv))
+        return await self.inner.start(ref, argv, env=env, workdir=workdir)
+
+    async def kill_all(self, ref: SandboxRef) -> None:
+        await self.inner.kill_all(ref)
+
     async def destroy(self, ref: SandboxRef) -> None:
         await self.inner.destroy(ref)
 
@@ -127,5 +140,5 @@ async def backend(request: pytest.FixtureRequest, engine: str) -> AsyncIterator[
 
 @pytest.fixture
 async def executor(backend: RecordingBackend, engine: str) -> AsyncIterator[Executor]:
-    async with Pool(backend, size=0) as pool:
-        yield Executor(engine_settings(engine), backend, pool)
+    async with Executor(engine_settings(engine), backend) as executor:
+        yield executor

@@ -11,7 +11,6 @@ import pytest
 from llm_sandbox_mcp.errors import InvalidRequest
 from llm_sandbox_mcp.executor import Execution, Executor
 from llm_sandbox_mcp.languages import get_language
-from llm_sandbox_mcp.pool import Pool
 from tests.engines.conftest import RecordingBackend, engine_settings
 
 pytestmark = pytest.mark.anyio
@@ -238,8 +237,8 @@ async def test_libraries_install_with_network_then_run_without_and_are_cached(
 
     # A new server process (fresh executor) on the same engine reuses the cache and installs nothing.
     backend.argvs.clear()
-    async with Pool(backend, size=0) as pool:
-        again = await Executor(engine_settings(engine), backend, pool).execute(code, libraries=["six"])
+    async with Executor(engine_settings(engine), backend) as fresh:
+        again = await fresh.execute(code, libraries=["six"])
     assert again.stdout == first.stdout
     assert not any("pip" in argv for argv in backend.argvs)
 

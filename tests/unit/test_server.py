@@ -98,13 +98,13 @@ async def test_invalid_utf8_is_replaced_not_a_crash() -> None:
 
 async def test_a_timeout_is_a_result_that_says_what_to_do() -> None:
     backend = FakeBackend(handler=lambda call: ExecResult(137, b"partial", b"", timed_out=True))
-    result = await _call(backend, {"code": "while True: pass", "timeout": 2})
+    result = await _call(backend, {"code": "while True: pass", "timeout": 0.2})
     assert not result.is_error
     assert result.structured_content is not None
     assert result.structured_content["timed_out"] is True
     assert result.structured_content["stdout"] == "partial"
-    assert "timed out after 2 s" in result.structured_content["stderr"]
-    assert backend.calls[0].timeout == 2
+    assert "timed out after 0.2 s" in result.structured_content["stderr"]
+    assert len(backend.killed) == 1  # the deadline killed every process in that sandbox
 
 
 @pytest.mark.parametrize(
@@ -217,7 +217,9 @@ async def test_language_details_report_the_version_the_image_has() -> None:
 async def test_a_compile_failure_is_a_result_in_phase_compile_without_the_marker() -> None:
     from llm_sandbox_mcp.languages import COMPILE_FAILED_MARKER
 
-    backend = FakeBackend(handler=lambda call: ok(stderr=b"main.cpp:1: error: x\n" + COMPILE_FAILED_MARKER, exit_code=1))
+    backend = FakeBackend(
+        handler=lambda call: ok(stderr=b"main.cpp:1: error: x\n" + COMPILE_FAILED_MARKER, exit_code=1)
+    )
     result = await _call(backend, {"code": "int main( {"})
     assert not result.is_error
     assert result.structured_content is not None

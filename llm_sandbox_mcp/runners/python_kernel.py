@@ -1,0 +1,340 @@
+# The Python kernel: runs inside the sandbox as `python3 -c <this file>` and speaks a framed protocol with the
+# server on its stdin/stdout. Frames are 1 kind byte + 4-byte big-endian length + payload.
+#   server -> kernel  R {"code", "mode": "fork"|"inline", "echo", "artifact_limit", "filename"}
+#   kernel -> server  H {"pid", "python"}   O stdout bytes   E stderr bytes
+#                     F {"name", "size", "inline"} "\n" data     D {"exit", "restarted"?}
+# "fork" runs the code in a forked child: a fresh process with the exit status, crashes and os._exit of a
+# real script. "inline" runs it in this process so variables survive between calls (sessions).
+# The user's stdout/stderr go to pipes this kernel forwards, so nothing the code prints can break framing.
+# Must run on any Python 3.8+. Prints nothing of its own.
+import ast
+import builtins
+import contextlib
+import fcntl
+import json
+import linecache
+import os
+import select
+import signal
+import struct
+import sys
+import termios
+import threading
+import time
+import traceback
+import types
+
+OUT = os.environ.get("OUTPUT_DIR", "/workspace/outputs")
+SHIM_DIR = "/tmp/.llm_sandbox"
+SHIM = """
+from matplotlib.backends.backend_agg import FigureCanvasAgg as FigureCanvas  # noqa: F401
+from matplotlib.backend_bases import FigureManagerBase as FigureManager  # noqa: F401
+
+
+def show(*args, **kwargs):
+    save_open_figures()
+
+
+def save_open_figures():
+    import os
+    import matplotlib.pyplot as plt
+
+    out = os.environ.get("OUTPUT_DIR", "/workspace/outputs")
+    os.makedirs(out, exist_ok=True)
+    for num in plt.get_fignums():
+        index = 1
+        while True:
+            path = os.path.join(out, "figure_%03d.png" % index)
+            try:
+                os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                break
+            except FileExistsError:
+                index += 1
+        plt.figure(num).savefig(path, format="png", dpi=100)
+    plt.close("all")
+"""
+HEADER = struct.Struct(">cI")
+PROTO = os.fdopen(os.dup(1), "wb", buffering=0)
+LOCK = threading.Lock()
+STDIN = os.fdopen(os.dup(0), "rb", buffering=0)
+
+
+def send(kind, payload):
+    with LOCK:
+        PROTO.write(HEADER.pack(kind, len(payload)) + payload)
+
+
+def read_exactly(size):
+    data = b""
+    while len(data) < size:
+        chunk = STDIN.read(size - len(data))
+        if not chunk:
+            raise EOFError
+        data += chunk
+    return data
+
+
+def receive():
+    kind, size = HEADER.unpack(read_exactly(HEADER.size))
+    return kind, read_exactly(size)
+
+
+def prepare():
+    os.makedirs(OUT, exist_ok=True)
+    os.makedirs(SHIM_DIR, exist_ok=True)
+    with open(os.path.join(SHIM_DIR, "llm_sandbox_mpl.py"), "w") as shim:
+        shim.write(SHIM)
+    sys.path.insert(0, SHIM_DIR)
+    # Child processes of the user's code capture their figures too.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SHIM_DIR, os.environ.get("PYTHONPATH")) if p)
+    os.environ["MPLBACKEND"] = "module://llm_sandbox_mpl"
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    sys.stdin = open(os.devnull)
+    if os.environ.pop("LLM_SANDBOX_PRELOAD", "") == "1":
+        for name in ("numpy", "matplotlib.pyplot"):
+            with contextlib.suppress(Exception):
+                __import__(name)
+
+
+def snapshot():
+    state = {}
+    for root, _dirs, files in os.walk(OUT):
+        for name in files:
+            path = os.path.join(root, name)
+            try:
+                info = os.lstat(path)
+            except OSError:
+                continue
+            if not os.path.islink(path):
+                state[os.path.relpath(path, OUT)] = (info.st_mtime_ns, info.st_size)
+    return state
+
+
+def send_artifacts(before, limit):
+    after = snapshot()
+    budget = limit
+    for name in sorted(after):
+        if before.get(name) == after[name]:
+            continue
+        size = after[name][1]
+        inline = size <= budget
+        data = b""
+        if inline:
+            try:
+                with open(os.path.join(OUT, name), "rb") as handle:
+                    data = handle.read(size)
+            except OSError:
+                continue
+            budget -= len(data)
+        header = json.dumps({"name": name, "size": size, "inline": inline}).encode()
+        send(b"F", header + b"\n" + data)
+
+
+def save_figures():
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None and pyplot.get_fignums():
+        try:
+            import llm_sandbox_mpl
+
+            llm_sandbox_mpl.save_open_figures()
+        except Exception:
+            traceback.print_exc()
+
+
+def user_traceback(exc):
+    # Drop this kernel's own frames so the traceback starts in the user's code.
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb)
+
+
+def run_code(request, namespace):
+    """Run one request's code in `namespace`; return the exit status a script would have."""
+    source = request["code"]
+    filename = request["filename"]
+    if filename.startswith("/"):
+        with open(filename, "w", encoding="utf-8", errors="surrogateescape") as handle:
+            handle.write(source)
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    status = 0
+    try:
+        tree = ast.parse(source, filename, "exec")
+        tail = None
+        if request.get("echo") and tree.body and isinstance(tree.body[-1], ast.Expr):
+            tail = ast.Expression(tree.body.pop().value)
+        exec(compile(tree, filename, "exec", dont_inherit=True), namespace)
+        if tail is not None:
+            value = eval(compile(tail, filename, "eval", dont_inherit=True), namespace)
+            if value is not None:
+                namespace["_"] = value
+                print(repr(value))
+    except SystemExit as exc:
+        if exc.code is None:
+            status = 0
+        elif isinstance(exc.code, int):
+            status = exc.code
+        else:
+            print(exc.code, file=sys.stderr)
+            status = 1
+    except SyntaxError as exc:
+        traceback.print_exception(type(exc), exc, None)
+        status = 1
+    except BaseException as exc:
+        user_traceback(exc)
+        status = 1
+    finally:
+        save_figures()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return status
+
+
+PUMP_LOCK = threading.Lock()
+
+
+def pump(fds):
+    """Forward what arrives on the session's capture pipes, for as long as the kernel lives."""
+    kinds = {fds[0]: b"O", fds[1]: b"E"}
+    while True:
+        ready, _, _ = select.select(fds, [], [], 0.5)
+        with PUMP_LOCK:
+            for fd in ready:
+                data = os.read(fd, 65536)
+                if data:
+                    send(kinds[fd], data)
+
+
+def wait_forwarded(fds):
+    """Return once everything written to the capture pipes so far has been forwarded by `pump`."""
+    while True:
+        with PUMP_LOCK:
+            if all(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0] == 0 for fd in fds):
+                return
+        time.sleep(0.001)
+
+
+def drain(fds):
+    """Forward everything already written to the pipes, without waiting for writers that stay alive."""
+    while True:
+        ready, _, _ = select.select(fds, [], [], 0.02)
+        if not ready:
+            return
+        progressed = False
+        for fd in ready:
+            data = os.read(fd, 65536)
+            if data:
+                send(b"O" if fd == fds[0] else b"E", data)
+                progressed = True
+        if not progressed:
+            return
+
+
+def status_of(wait_status):
+    if os.WIFSIGNALED(wait_status):
+        return 128 + os.WTERMSIG(wait_status)
+    return os.WEXITSTATUS(wait_status)
+
+
+def run_forked(request):
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    before = snapshot()
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        for fd in (out_r, out_w, err_r, err_w):
+            os.close(fd)
+        PROTO.close()
+        STDIN.close()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        namespace = fresh_main(request["filename"])
+        os._exit(run_code(request, namespace))
+    os.close(out_w)
+    os.close(err_w)
+    fds = [out_r, err_r]
+    kinds = {out_r: b"O", err_r: b"E"}
+    open_fds = list(fds)
+    wait_status = None
+    while open_fds:
+        ready, _, _ = select.select(open_fds, [], [], 0.05)
+        for fd in ready:
+            data = os.read(fd, 65536)
+            if data:
+                send(kinds[fd], data)
+            else:
+                open_fds.remove(fd)
+        if wait_status is None:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                wait_status = status
+                # Background processes may keep the pipes open: take what is there and stop.
+                drain(open_fds)
+                break
+    if wait_status is None:
+        wait_status = os.waitpid(pid, 0)[1]
+    for fd in fds:
+        os.close(fd)
+    send_artifacts(before, request["artifact_limit"])
+    send(b"D", json.dumps({"exit": status_of(wait_status)}).encode())
+
+
+def fresh_main(filename):
+    module = types.ModuleType("__main__")
+    module.__dict__.update({"__file__": filename, "__builtins__": builtins})
+    sys.modules["__main__"] = module
+    sys.argv = [filename]
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return module.__dict__
+
+
+SESSION = {}
+
+
+def run_inline(request, capture):
+    before = snapshot()
+    namespace = SESSION.get("namespace")
+    if namespace is None:
+        namespace = SESSION["namespace"] = fresh_main(request["filename"])
+    try:
+        status = run_code(request, namespace)
+    except KeyboardInterrupt:
+        status = 130
+    wait_forwarded(capture)
+    send_artifacts(before, request["artifact_limit"])
+    send(b"D", json.dumps({"exit": status}).encode())
+
+
+def main():
+    prepare()
+    send(b"H", json.dumps({"pid": os.getpid(), "python": sys.version.split()[0]}).encode())
+    capture = None
+    while True:
+        try:
+            kind, payload = receive()
+        except EOFError:
+            return
+        if kind != b"R":
+            continue
+        request = json.loads(payload.decode("utf-8"))
+        if request.get("mode") == "fork":
+            run_forked(request)
+            continue
+        if capture is None:
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            os.close(out_w)
+            os.close(err_w)
+            capture = [out_r, err_r]
+            threading.Thread(target=pump, args=(capture,), daemon=True).start()
+        run_inline(request, capture)
+
+
+main()
