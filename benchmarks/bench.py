@@ -47,7 +47,13 @@ async def bench(runs: int, warmup: int, interval: float) -> dict[str, Any]:
         "scenarios": {},
     }
     async with Client(params) as client:
-        for name, arguments in SCENARIOS.items():
+        created = await client.call_tool("create_session", {"language": "python"})
+        info: dict[str, Any] = created.structured_content or {}
+        scenarios: dict[str, dict[str, Any]] = {
+            **SCENARIOS,
+            "session print(1)": {"code": "print(1)", "session_id": info.get("session_id")},
+        }
+        for name, arguments in scenarios.items():
             samples: list[float] = []
             for i in range(warmup + runs):
                 started = time.perf_counter()

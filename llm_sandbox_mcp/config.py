@@ -89,6 +89,14 @@ class Settings(BaseSettings):
     sandbox_pip_index_url: str | None = None
     sandbox_artifact_limit: Size = 4 * 1024**2
     sandbox_log_level: LogLevel = "INFO"
+    sandbox_max_sessions: PositiveInt = 8
+    sandbox_session_idle_ttl: PositiveFloat = 1800.0
+    sandbox_session_max_lifetime: PositiveFloat = 8 * 3600.0
+    sandbox_session_max_memory: Size = 2 * 1024**3
+    sandbox_session_max_cpus: PositiveFloat = 2.0
+    sandbox_session_network_mode: str | None = None
+    sandbox_host_dirs: CommaList = Field(default_factory=lambda: [])
+    sandbox_max_file_size: Size = 16 * 1024**2
     sandbox_image_python: str = "python:3.12-slim"
     sandbox_image_javascript: str = "node:22-slim"
     sandbox_image_go: str = "golang:1.23-bookworm"

@@ -61,6 +61,8 @@ class Execution:
     backend: str
     phase: str = "run"
     artifacts: list[Artifact] = field(default_factory=lambda: [])
+    session_id: str | None = None
+    interpreter_lost: bool = False
 
 
 def _decode(data: bytes) -> str:
@@ -148,40 +150,58 @@ class Executor:
     async def execute(
         self, code: str, language: str = "python", libraries: list[str] | None = None, timeout: float | None = None
     ) -> Execution:
+        """Run code in a fresh sandbox from the pool, which is destroyed afterwards."""
         lang = get_language(language)
         seconds = self.check_timeout(timeout)
-        source = code.encode("utf-8", errors="replace")
-        if len(source) > MAX_CODE_BYTES:
-            raise InvalidRequest(f"code is {len(source)} bytes; the limit is {MAX_CODE_BYTES} bytes")
+        source = self.check_code(code)
         specs = lang.check_libraries(libraries or [])
         async with self._limiter:
             cache_key = await self.ensure_libraries(lang, specs) if specs else None
             lease = await self.pool.acquire(WarmKey(lang.name, self.spec_for(lang, cache_key)))
             try:
-                if lease.kernel is not None:
-                    run = await lease.kernel.run(
-                        code,
-                        mode="fork",
-                        echo=False,
-                        filename=str(WORKDIR / lang.file_name),
-                        timeout=seconds,
-                        output_limit=self.settings.sandbox_output_limit,
-                        artifact_limit=self.settings.sandbox_artifact_limit,
-                    )
-                    result, artifacts = run.result, run.artifacts
-                else:
-                    result = await self.backend.exec(
-                        lease.ref,
-                        lang.run_argv(),
-                        timeout=seconds,
-                        stdin=source,
-                        env=sandbox_env(lang, bool(cache_key)),
-                        output_limit=self.settings.sandbox_output_limit,
-                    )
-                    artifacts = await self._artifacts(lease.ref)
+                result, artifacts, _ = await self.run_in(lease, lang, source, seconds, inline=False)
             finally:
                 await self.pool.release(lease)
-        return self._shape(lang, result, artifacts, seconds)
+        return self.shape(lang, result, artifacts, seconds)
+
+    def check_code(self, code: str) -> bytes:
+        source = code.encode("utf-8", errors="replace")
+        if len(source) > MAX_CODE_BYTES:
+            raise InvalidRequest(f"code is {len(source)} bytes; the limit is {MAX_CODE_BYTES} bytes")
+        return source
+
+    async def open_lease(self, lang: Language, spec: SandboxSpec) -> Lease:
+        """A sandbox (with its interpreter) outside the pool, for a session."""
+        return await self._make_lease(WarmKey(lang.name, spec), False)
+
+    async def close_lease(self, lease: Lease) -> None:
+        with anyio.CancelScope(shield=True):
+            await self._dispose_lease(lease)
+
+    async def run_in(
+        self, lease: Lease, lang: Language, source: bytes, seconds: float, *, inline: bool, cell: int = 0
+    ) -> tuple[ExecResult, list[Artifact], bool]:
+        """Run source in a leased sandbox. Returns the result, artifacts, and whether the interpreter was lost."""
+        if lease.kernel is not None:
+            run = await lease.kernel.run(
+                source.decode("utf-8", errors="replace"),
+                mode="inline" if inline else "fork",
+                echo=inline,
+                filename=f"<cell {cell}>" if inline else str(WORKDIR / lang.file_name),
+                timeout=seconds,
+                output_limit=self.settings.sandbox_output_limit,
+                artifact_limit=self.settings.sandbox_artifact_limit,
+            )
+            return run.result, run.artifacts, run.kernel_lost
+        result = await self.backend.exec(
+            lease.ref,
+            lang.run_argv(),
+            timeout=seconds,
+            stdin=source,
+            env=sandbox_env(lang, lease.ref.spec.cache is not None),
+            output_limit=self.settings.sandbox_output_limit,
+        )
+        return result, await self.collect_outputs(lease.ref), False
 
     async def probe_version(self, lang: Language) -> str:
         """The runtime version the configured image really has."""
@@ -193,7 +213,7 @@ class Executor:
         text = (result.stdout or result.stderr).decode("utf-8", errors="replace").strip()
         return text.splitlines()[0] if text else "unknown"
 
-    def _shape(self, lang: Language, result: ExecResult, artifacts: list[Artifact], seconds: float) -> Execution:
+    def shape(self, lang: Language, result: ExecResult, artifacts: list[Artifact], seconds: float) -> Execution:
         phase = "run"
         raw_stderr = result.stderr
         if raw_stderr.endswith(COMPILE_FAILED_MARKER):
@@ -217,7 +237,8 @@ class Executor:
             artifacts=artifacts,
         )
 
-    async def _artifacts(self, ref: SandboxRef) -> list[Artifact]:
+    async def collect_outputs(self, ref: SandboxRef) -> list[Artifact]:
+        """Every file in the output directory (for languages without a kernel, which reports changes itself)."""
         limit = self.settings.sandbox_artifact_limit
         listing = await self.backend.exec(
             ref, ["tar", "-c", "-C", str(OUTPUT_DIR), "."], timeout=30, output_limit=limit * 2

@@ -1,61 +1,33 @@
 """MCP glue: tools, resources and result shaping. The work happens in Executor."""
 # No `from __future__ import annotations`: tool signatures use closure values the SDK must evaluate.
 
-import base64
-import json
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import anyio
 from mcp.server import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import (
-    BlobResourceContents,
     CallToolResult,
-    ContentBlock,
-    EmbeddedResource,
-    ImageContent,
-    TextContent,
-    TextResourceContents,
     ToolAnnotations,
 )
 from pydantic import BaseModel, Field
 
 from llm_sandbox_mcp import __version__
-from llm_sandbox_mcp.artifacts import Artifact
 from llm_sandbox_mcp.backends import Backend, load_backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxError
-from llm_sandbox_mcp.executor import MAX_CODE_BYTES, Execution, Executor
+from llm_sandbox_mcp.executor import MAX_CODE_BYTES, Executor
 from llm_sandbox_mcp.languages import LANGUAGES, get_language
+from llm_sandbox_mcp.results import ExecutionResult, shape_execution
+from llm_sandbox_mcp.session_tools import register_session_tools
+from llm_sandbox_mcp.sessions import Session, SessionRegistry
+from llm_sandbox_mcp.state import AppState, guard
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-# Non-image files are embedded in the result up to this size each; larger ones are listed only.
-EMBED_LIMIT = 64 * 1024
-
-
-class ArtifactInfo(BaseModel):
-    name: str = Field(description="Path relative to the output directory")
-    mime_type: str
-    size: int = Field(description="Size in bytes")
-    inline: bool = Field(description="Whether the content is included in this result")
-
-
-class ExecutionResult(BaseModel):
-    exit_code: int = Field(description="Exit status of the program; non-zero means it failed")
-    stdout: str
-    stderr: str
-    timed_out: bool = Field(description="The timeout expired and every process was killed")
-    truncated: bool = Field(description="Output was longer than the cap; its middle was cut")
-    duration_ms: int
-    language: str
-    backend: str
-    phase: Literal["compile", "run"] = Field(description="Where it failed or ended: compile errors say 'compile'")
-    artifacts: list[ArtifactInfo] = Field(description="Files written to $OUTPUT_DIR (plots included)")
 
 
 class LanguageInfo(BaseModel):
@@ -79,71 +51,6 @@ class LanguageDetails(LanguageInfo):
     notes: str
 
 
-class AppState:
-    """What the lifespan builds and the tools use."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.running: Executor | None = None
-        self.versions: dict[str, str] = {}
-
-    @property
-    def executor(self) -> Executor:
-        if self.running is None:
-            raise SandboxError("The server is still starting; try again in a moment")
-        return self.running
-
-
-async def _guard(call: Awaitable[T]) -> T:
-    """Turn our errors into tool errors the model reads; anything else is the SDK's generic crash path."""
-    try:
-        return await call
-    except SandboxError as exc:
-        raise ToolError(str(exc)) from exc
-
-
-def shape_execution(execution: Execution) -> CallToolResult:
-    result = ExecutionResult(
-        exit_code=execution.exit_code,
-        stdout=execution.stdout,
-        stderr=execution.stderr,
-        timed_out=execution.timed_out,
-        truncated=execution.truncated,
-        duration_ms=execution.duration_ms,
-        language=execution.language,
-        backend=execution.backend,
-        phase="compile" if execution.phase == "compile" else "run",
-        artifacts=[
-            ArtifactInfo(name=a.name, mime_type=a.mime_type, size=a.size, inline=_inlined(a))
-            for a in execution.artifacts
-        ],
-    )
-    structured = result.model_dump(mode="json")
-    content: list[ContentBlock] = [TextContent(text=json.dumps(structured, ensure_ascii=False))]
-    for artifact in execution.artifacts:
-        block = _artifact_block(artifact)
-        if block is not None:
-            content.append(block)
-    return CallToolResult(content=content, structured_content=structured)
-
-
-def _inlined(artifact: Artifact) -> bool:
-    return artifact.data is not None and (artifact.is_image or artifact.size <= EMBED_LIMIT)
-
-
-def _artifact_block(artifact: Artifact) -> ContentBlock | None:
-    if artifact.data is None or not _inlined(artifact):
-        return None
-    encoded = base64.b64encode(artifact.data).decode()
-    if artifact.is_image:
-        return ImageContent(data=encoded, mime_type=artifact.mime_type)
-    uri = f"sandbox://outputs/{artifact.name}"
-    if artifact.mime_type.startswith("text/") or artifact.mime_type in ("application/json", "application/xml"):
-        text = artifact.data.decode("utf-8", errors="replace")
-        return EmbeddedResource(resource=TextResourceContents(uri=uri, mime_type=artifact.mime_type, text=text))
-    return EmbeddedResource(resource=BlobResourceContents(uri=uri, mime_type=artifact.mime_type, blob=encoded))
-
-
 def _strict(server: MCPServer[Any]) -> None:
     """Reject unknown arguments: a typo in an argument name should fail loudly, not be ignored."""
     for tool in server._tool_manager.list_tools():  # pyright: ignore[reportPrivateUsage]
@@ -162,8 +69,11 @@ def build_server(settings: Settings, backend: Backend | None = None) -> MCPServe
             engine = backend or load_backend(_backend_name(settings), settings)
             stack.push_async_callback(_shielded, engine.aclose)
             state.running = await stack.enter_async_context(Executor(settings, engine))
+            state.registry = SessionRegistry(settings, state.running)
+            stack.push_async_callback(_shielded, state.registry.aclose)
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(_prepare, state.running)
+                tasks.start_soon(state.registry.run_reaper)
                 yield state
                 tasks.cancel_scope.cancel()
 
@@ -172,7 +82,9 @@ def build_server(settings: Settings, backend: Backend | None = None) -> MCPServe
         version=__version__,
         instructions=(
             "Run code in an isolated sandbox with no network access. Each execute_code call starts from a clean "
-            "sandbox. Files written to $OUTPUT_DIR (/workspace/outputs) and every matplotlib figure are returned."
+            "sandbox unless you pass a session_id from create_session, which keeps variables (Python) and files "
+            "between calls. Files written to $OUTPUT_DIR (/workspace/outputs) and every matplotlib figure are "
+            "returned."
         ),
         lifespan=lifespan,
     )
@@ -200,8 +112,21 @@ def build_server(settings: Settings, backend: Backend | None = None) -> MCPServe
             float | None,
             Field(description=f"Seconds before every process is killed (default {settings.sandbox_timeout:g})", gt=0),
         ] = None,
+        session_id: Annotated[
+            str | None,
+            Field(
+                description="Run in this session (from create_session): Python keeps variables, imports and "
+                "figures like a notebook cell and shows the value of a trailing expression; files persist. "
+                "`language` is the session's.",
+                max_length=64,
+            ),
+        ] = None,
     ) -> Annotated[CallToolResult, ExecutionResult]:
-        execution = await _guard(state.executor.execute(code, language, libraries, timeout))
+        if session_id is not None:
+            session = await guard(_session(state, session_id))
+            execution = await guard(state.sessions.execute(session, code, libraries, timeout))
+        else:
+            execution = await guard(state.executor.execute(code, language, libraries, timeout))
         return shape_execution(execution)
 
     @server.tool(
@@ -221,14 +146,19 @@ def build_server(settings: Settings, backend: Backend | None = None) -> MCPServe
     async def get_language_details(
         language: Annotated[str, Field(description=f"One of: {languages}")],
     ) -> LanguageDetails:
-        return await _guard(_details(state, language))
+        return await guard(_details(state, language))
 
     @server.resource("sandbox://languages", name="languages", mime_type="application/json")
     def languages_resource() -> str:
         return _languages(state).model_dump_json()
 
+    register_session_tools(server, state)
     _strict(server)
     return server
+
+
+async def _session(state: AppState, session_id: str) -> Session:
+    return state.sessions.get(session_id)
 
 
 def _backend_name(settings: Settings) -> str:

@@ -47,6 +47,16 @@ async def test_a_client_with_a_minimal_environment_runs_code_and_gets_plots(dock
             assert [image.mime_type for image in images] == ["image/png", "image/png"]
             bad = await client.call_tool("execute_code", {"code": "1", "language": "brainfuck"})
             assert bad.is_error
+            created = await client.call_tool("create_session", {})
+            assert created.structured_content is not None
+            session = {"session_id": created.structured_content["session_id"]}
+            await client.call_tool("execute_code", {"code": "total = 40", **session})
+            cell = await client.call_tool("execute_code", {"code": "total + 2", **session})
+            assert cell.structured_content is not None and cell.structured_content["stdout"] == "42\n"
+            upload = {"path": "in.txt", "content": "hi", **session}
+            assert not (await client.call_tool("upload_file", upload)).is_error
+            download = await client.call_tool("download_file", {"path": "in.txt", **session})
+            assert download.structured_content is not None and download.structured_content["content"] == "hi"
 
 
 def test_malformed_protocol_messages_do_not_kill_the_server(docker_required: None) -> None:

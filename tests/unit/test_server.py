@@ -34,7 +34,17 @@ async def _call(backend: FakeBackend, arguments: dict[str, Any], **settings: Any
 async def test_tools_have_strict_input_schemas_and_output_schemas() -> None:
     async with Client(build_server(Settings(), FakeBackend())) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
-    assert set(tools) == {"execute_code", "get_supported_languages", "get_language_details"}
+    assert set(tools) == {
+        "execute_code",
+        "get_supported_languages",
+        "get_language_details",
+        "create_session",
+        "close_session",
+        "list_sessions",
+        "upload_file",
+        "download_file",
+        "list_files",
+    }
     for tool in tools.values():
         assert tool.input_schema.get("additionalProperties") is False
         assert tool.output_schema is not None and tool.output_schema["type"] == "object"

@@ -1,0 +1,173 @@
+"""Files in and out of a session's workspace, and to and from the operator's allowed host directories.
+
+Inside the sandbox every path is resolved by the sandbox itself and refused when it leaves /workspace
+(through `..`, an absolute path or a symlink planted by the code). On the host, paths are resolved and
+confined to SANDBOX_HOST_DIRS before anything is opened, and opened without following a final symlink.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio.to_thread
+
+from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.errors import FileTransferError, InvalidRequest
+from llm_sandbox_mcp.executor import Executor
+from llm_sandbox_mcp.models import ExecResult
+from llm_sandbox_mcp.sessions import Session
+from llm_sandbox_mcp.transfer import safe_relative
+
+_CONFINE = """
+cd /workspace || exit 9
+real=$(realpath -m -- "$1") || exit 9
+case "$real" in /workspace|/workspace/*) ;; *) echo "refused: $1 leaves the workspace" >&2; exit 3;; esac
+"""
+_UPLOAD = (
+    _CONFINE
+    + """
+dir=${real%/*}
+mkdir -p -- "$dir" || exit 9
+[ "$(cd -- "$dir" && pwd -P)" = "$dir" ] || { echo "refused: $1 goes through a symlink" >&2; exit 3; }
+if [ -L "$real" ] || { [ -e "$real" ] && [ ! -f "$real" ]; }; then
+    echo "refused: $1 exists and is not a regular file" >&2; exit 3
+fi
+exec cat > "$real"
+"""
+)
+_DOWNLOAD = (
+    _CONFINE
+    + """
+[ -e "$real" ] || { echo "no such file: $1" >&2; exit 4; }
+[ -f "$real" ] || { echo "not a regular file: $1" >&2; exit 5; }
+size=$(stat -c %s -- "$real")
+[ "$size" -le "$2" ] || { echo "too large: $1 is $size bytes, the limit is $2 (SANDBOX_MAX_FILE_SIZE)" >&2; exit 6; }
+exec cat -- "$real"
+"""
+)
+_LIST = (
+    _CONFINE
+    + """
+[ -d "$real" ] || { echo "not a directory: $1" >&2; exit 5; }
+find "$real" -mindepth 1 -maxdepth 4 -printf '%y\\t%s\\t%P\\0' | head -z -n 2000
+"""
+)
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str
+    type: str
+    size: int
+
+
+class SessionFiles:
+    def __init__(self, settings: Settings, executor: Executor) -> None:
+        self.settings = settings
+        self.executor = executor
+
+    async def _script(self, session: Session, script: str, args: list[str], stdin: bytes = b"") -> ExecResult:
+        result = await self.executor.backend.exec(
+            session.lease.ref,
+            ["sh", "-c", script, "sh", *args],
+            timeout=60,
+            stdin=stdin,
+            output_limit=self.settings.sandbox_max_file_size + 1,
+        )
+        if result.exit_code != 0:
+            message = result.stderr.decode("utf-8", errors="replace").strip() or f"exit status {result.exit_code}"
+            raise FileTransferError(message)
+        return result
+
+    def _check_size(self, size: int) -> None:
+        if size > self.settings.sandbox_max_file_size:
+            limit = self.settings.sandbox_max_file_size
+            raise FileTransferError(f"{size} bytes is above the limit of {limit} bytes (SANDBOX_MAX_FILE_SIZE)")
+
+    async def upload(self, session: Session, path: str, data: bytes) -> FileEntry:
+        relative = safe_relative(path)
+        self._check_size(len(data))
+        await self._script(session, _UPLOAD, [str(relative)], data)
+        return FileEntry(str(relative), "file", len(data))
+
+    async def download(self, session: Session, path: str) -> bytes:
+        relative = safe_relative(path)
+        result = await self._script(session, _DOWNLOAD, [str(relative), str(self.settings.sandbox_max_file_size)])
+        return result.stdout
+
+    async def list(self, session: Session, path: str = ".") -> list[FileEntry]:
+        relative = "." if path.strip() in ("", ".", "./") else str(safe_relative(path))
+        result = await self._script(session, _LIST, [relative])
+        entries: list[FileEntry] = []
+        for record in result.stdout.split(b"\0"):
+            kind, _, rest = record.partition(b"\t")
+            size, _, name = rest.partition(b"\t")
+            if not name:
+                continue
+            label = {b"f": "file", b"d": "directory", b"l": "symlink"}.get(kind, "other")
+            base = "" if relative == "." else relative + "/"
+            entries.append(FileEntry(base + name.decode("utf-8", errors="replace"), label, int(size or 0)))
+        return entries
+
+    # Host side.
+
+    def _roots(self) -> list[Path]:
+        if not self.settings.sandbox_host_dirs:
+            raise InvalidRequest(
+                "Host files are disabled: the operator must list the directories file tools may use in "
+                "SANDBOX_HOST_DIRS (none by default)"
+            )
+        return [Path(root).resolve() for root in self.settings.sandbox_host_dirs]
+
+    def _confined(self, real: Path, raw: str) -> Path:
+        roots = self._roots()
+        if not any(real == root or root in real.parents for root in roots):
+            raise InvalidRequest(f"Host path {raw!r} is outside the directories allowed by SANDBOX_HOST_DIRS")
+        return real
+
+    def _read_host(self, raw: str) -> bytes:
+        path = Path(raw)
+        if not path.is_absolute():
+            raise InvalidRequest(f"Host path {raw!r} must be absolute")
+        try:
+            real = self._confined(path.resolve(strict=True), raw)
+            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            self._roots()
+            raise FileTransferError(f"No such host file: {raw}") from None
+        except OSError as exc:
+            raise FileTransferError(f"Cannot read host file {raw}: {exc.strerror}") from None
+        with os.fdopen(fd, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not os.path.isfile(real) or info.st_size > self.settings.sandbox_max_file_size:
+                self._check_size(info.st_size)
+                raise FileTransferError(f"Host path {raw} is not a regular file")
+            return handle.read(self.settings.sandbox_max_file_size + 1)
+
+    def _write_host(self, raw: str, data: bytes) -> str:
+        path = Path(raw)
+        if not path.is_absolute():
+            raise InvalidRequest(f"Host path {raw!r} must be absolute")
+        try:
+            parent = self._confined(path.parent.resolve(strict=True), raw)
+        except FileNotFoundError:
+            self._roots()
+            raise FileTransferError(f"The host directory of {raw} does not exist") from None
+        target = parent / path.name
+        if target.is_symlink() or (target.exists() and not target.is_file()):
+            raise FileTransferError(f"Host path {raw} exists and is not a regular file")
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            raise FileTransferError(f"Cannot write host file {raw}: {exc.strerror}") from None
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        return str(target)
+
+    async def read_host(self, raw: str) -> bytes:
+        return await anyio.to_thread.run_sync(self._read_host, raw)
+
+    async def write_host(self, raw: str, data: bytes) -> str:
+        return await anyio.to_thread.run_sync(self._write_host, raw, data)

@@ -1,0 +1,214 @@
+"""Sessions: one sandbox kept across calls, with a live interpreter for Python (notebook semantics).
+
+A session has a server-issued id, a language, libraries fixed at creation, optional per-session limits
+within the operator's maxima, an idle TTL and a maximum lifetime. One call at a time runs in a session.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field, replace
+
+import anyio
+
+from llm_sandbox_mcp.artifacts import Artifact
+from llm_sandbox_mcp.config import Settings, parse_size
+from llm_sandbox_mcp.errors import InvalidRequest, SandboxNotFound
+from llm_sandbox_mcp.executor import Execution, Executor, Lease
+from llm_sandbox_mcp.kernel import Kernel
+from llm_sandbox_mcp.languages import Language, get_language, sandbox_env
+from llm_sandbox_mcp.models import Limits
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Session:
+    id: str
+    language: Language
+    libraries: list[str]
+    lease: Lease
+    created: float = field(default_factory=time.monotonic)
+    last_used: float = field(default_factory=time.monotonic)
+    calls: int = 0
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    # For languages without a kernel: what the output directory held after the last call.
+    seen: dict[str, tuple[int, bytes | None]] = field(default_factory=lambda: {})
+
+    def describe(self) -> dict[str, object]:
+        now = time.monotonic()
+        limits = self.lease.ref.spec.limits
+        return {
+            "session_id": self.id,
+            "language": self.language.name,
+            "libraries": self.libraries,
+            "age_s": round(now - self.created, 1),
+            "idle_s": round(now - self.last_used, 1),
+            "calls": self.calls,
+            "memory_limit_bytes": limits.memory_bytes,
+            "cpus": limits.cpus,
+            "network": limits.network_mode,
+        }
+
+
+class SessionRegistry:
+    """Live sessions of this server. Expired ones are closed by `reap`, all of them by `aclose`."""
+
+    def __init__(self, settings: Settings, executor: Executor) -> None:
+        self.settings = settings
+        self.executor = executor
+        self._sessions: dict[str, Session] = {}
+        self._creating = 0
+        self._why_gone: dict[str, str] = {}
+
+    async def create(
+        self,
+        language: str,
+        libraries: list[str],
+        memory: str | None = None,
+        cpus: float | None = None,
+        network: bool = False,
+    ) -> Session:
+        lang = get_language(language)
+        specs = lang.check_libraries(libraries)
+        if len(self._sessions) + self._creating >= self.settings.sandbox_max_sessions:
+            raise InvalidRequest(
+                f"The maximum of {self.settings.sandbox_max_sessions} sessions (SANDBOX_MAX_SESSIONS) is open; "
+                "close one with close_session (list_sessions shows them)"
+            )
+        limits = self._limits(memory, cpus, network)
+        self._creating += 1
+        try:
+            cache_key = await self.executor.ensure_libraries(lang, specs) if specs else None
+            spec = replace(self.executor.spec_for(lang, cache_key), limits=limits)
+            lease = await self.executor.open_lease(lang, spec)
+        finally:
+            self._creating -= 1
+        session = Session(id=f"s-{secrets.token_hex(8)}", language=lang, libraries=specs, lease=lease)
+        self._sessions[session.id] = session
+        logger.info("Session %s (%s) created", session.id, lang.name)
+        return session
+
+    def _limits(self, memory: str | None, cpus: float | None, network: bool) -> Limits:
+        limits = self.executor.limits
+        if memory is not None:
+            try:
+                wanted = parse_size(memory)
+            except ValueError as exc:
+                raise InvalidRequest(f"memory {memory!r}: {exc}") from None
+            ceiling = self.settings.sandbox_session_max_memory
+            if wanted > ceiling:
+                raise InvalidRequest(
+                    f"memory {memory!r} is above the operator's maximum of {ceiling} bytes (SANDBOX_SESSION_MAX_MEMORY)"
+                )
+            limits = replace(limits, memory_bytes=wanted)
+        if cpus is not None:
+            if cpus <= 0 or cpus > self.settings.sandbox_session_max_cpus:
+                raise InvalidRequest(
+                    f"cpus must be above 0 and at most {self.settings.sandbox_session_max_cpus:g} "
+                    "(SANDBOX_SESSION_MAX_CPUS)"
+                )
+            limits = replace(limits, cpus=cpus)
+        if network:
+            mode = self.settings.sandbox_session_network_mode
+            if mode is None:
+                raise InvalidRequest(
+                    "This server does not give sessions network access (the operator can allow it with "
+                    "SANDBOX_SESSION_NETWORK_MODE); install packages with the `libraries` argument instead"
+                )
+            limits = replace(limits, network_mode=mode)
+        return limits
+
+    def get(self, session_id: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            why = self._why_gone.get(session_id, "it does not exist")
+            raise SandboxNotFound(
+                f"Session {session_id!r} is not available: {why}. Create a new one with create_session "
+                "(state from the old one is gone)."
+            )
+        return session
+
+    def list(self) -> list[Session]:
+        return sorted(self._sessions.values(), key=lambda session: session.created)
+
+    async def close(self, session_id: str, why: str = "it was closed") -> None:
+        session = self.get(session_id)
+        del self._sessions[session_id]
+        self._why_gone[session_id] = why
+        await self.executor.close_lease(session.lease)
+        logger.info("Session %s closed: %s", session_id, why)
+
+    async def execute(self, session: Session, code: str, libraries: list[str], timeout: float | None) -> Execution:
+        seconds = self.executor.check_timeout(timeout)
+        source = self.executor.check_code(code)
+        missing = sorted(set(session.language.check_libraries(libraries)) - set(session.libraries))
+        if missing:
+            raise InvalidRequest(
+                f"Session {session.id} was created with libraries {session.libraries or '[]'}; "
+                f"{', '.join(missing)} must be given to create_session (sessions have no network to install later)"
+            )
+        async with session.lock:
+            if session.id not in self._sessions:
+                raise SandboxNotFound(f"Session {session.id!r} was closed while this call waited")
+            restarted = await self._revive(session)
+            session.calls += 1
+            result, artifacts, lost = await self.executor.run_in(
+                session.lease, session.language, source, seconds, inline=True, cell=session.calls
+            )
+            session.last_used = time.monotonic()
+            if session.lease.kernel is None:
+                artifacts = self._changed(session, artifacts)
+        execution = self.executor.shape(session.language, result, artifacts, seconds)
+        execution.session_id = session.id
+        if restarted:
+            execution.stderr = "[the interpreter had been lost and was restarted: earlier variables are gone]\n" + (
+                execution.stderr
+            )
+        if lost:
+            execution.stderr += "[the interpreter was stopped; the next call starts a new one (files are kept)]\n"
+        execution.interpreter_lost = lost
+        return execution
+
+    async def _revive(self, session: Session) -> bool:
+        kernel = session.lease.kernel
+        if kernel is None or kernel.alive:
+            return False
+        await kernel.aclose()
+        env = sandbox_env(session.language, with_libraries=session.lease.ref.spec.cache is not None)
+        session.lease.kernel = await Kernel.start(self.executor.backend, session.lease.ref, env, preload=False)
+        return True
+
+    def _changed(self, session: Session, artifacts: list[Artifact]) -> list[Artifact]:
+        current = {a.name: (a.size, a.data) for a in artifacts}
+        fresh = [a for a in artifacts if session.seen.get(a.name) != current[a.name]]
+        session.seen = current
+        return fresh
+
+    async def reap(self) -> int:
+        """Close sessions past their idle TTL or maximum lifetime; return how many."""
+        now = time.monotonic()
+        expired: list[tuple[str, str]] = []
+        for session in self._sessions.values():
+            if session.lock.locked():
+                continue
+            if now - session.last_used > self.settings.sandbox_session_idle_ttl:
+                expired.append((session.id, f"it expired after {self.settings.sandbox_session_idle_ttl:g} s idle"))
+            elif now - session.created > self.settings.sandbox_session_max_lifetime:
+                expired.append(
+                    (session.id, f"it reached its maximum lifetime of {self.settings.sandbox_session_max_lifetime:g} s")
+                )
+        for session_id, why in expired:
+            await self.close(session_id, why)
+        return len(expired)
+
+    async def run_reaper(self) -> None:
+        while True:
+            await anyio.sleep(min(30.0, self.settings.sandbox_session_idle_ttl / 2))
+            await self.reap()
+
+    async def aclose(self) -> None:
+        for session_id in list(self._sessions):
+            await self.close(session_id, "the server shut down")

@@ -1,0 +1,43 @@
+"""State the lifespan builds and the tools share, and the one place our errors become tool errors."""
+
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from mcp.server.mcpserver.exceptions import ToolError
+
+from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.errors import SandboxError
+from llm_sandbox_mcp.executor import Executor
+from llm_sandbox_mcp.sessions import SessionRegistry
+
+T = TypeVar("T")
+
+
+class AppState:
+    """What the lifespan builds and the tools use."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.running: Executor | None = None
+        self.registry: SessionRegistry | None = None
+        self.versions: dict[str, str] = {}
+
+    @property
+    def executor(self) -> Executor:
+        if self.running is None:
+            raise SandboxError("The server is still starting; try again in a moment")
+        return self.running
+
+    @property
+    def sessions(self) -> SessionRegistry:
+        if self.registry is None:
+            raise SandboxError("The server is still starting; try again in a moment")
+        return self.registry
+
+
+async def guard(call: Awaitable[T]) -> T:
+    """Turn our errors into tool errors the model reads; anything else is the SDK's generic crash path."""
+    try:
+        return await call
+    except SandboxError as exc:
+        raise ToolError(str(exc)) from exc

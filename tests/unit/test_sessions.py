@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from mcp import Client
+from mcp_types import CallToolResult, TextContent
+
+from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.server import build_server
+from tests.fakes import Call, FakeBackend, ok
+
+pytestmark = pytest.mark.anyio
+
+
+def _payload(result: CallToolResult) -> dict[str, Any]:
+    first = result.content[0]
+    assert isinstance(first, TextContent)
+    return json.loads(first.text)
+
+
+async def test_a_session_keeps_one_sandbox_across_calls_until_closed() -> None:
+    backend = FakeBackend(handler=lambda call: ok(stdout=call.stdin))
+    async with Client(build_server(Settings(sandbox_pool_size=0), backend)) as client:
+        created = await client.call_tool("create_session", {"language": "python"})
+        session_id = _payload(created)["session_id"]
+        for code in ("x = 1", "x"):
+            result = await client.call_tool("execute_code", {"code": code, "session_id": session_id})
+            assert not result.is_error
+            assert _payload(result)["session_id"] == session_id
+        listed = _payload(await client.call_tool("list_sessions", {}))["sessions"]
+        assert [(s["session_id"], s["calls"]) for s in listed] == [(session_id, 2)]
+        assert len(backend.created) == 1
+        await client.call_tool("close_session", {"session_id": session_id})
+        assert backend.destroyed == ["fake-1"]
+        gone = await client.call_tool("execute_code", {"code": "x", "session_id": session_id})
+    assert gone.is_error
+    first = gone.content[0]
+    assert isinstance(first, TextContent)
+    assert "it was closed" in first.text and "create_session" in first.text
+
+
+async def test_an_unknown_session_tells_the_model_to_create_one() -> None:
+    async with Client(build_server(Settings(), FakeBackend())) as client:
+        result = await client.call_tool("execute_code", {"code": "1", "session_id": "s-nope"})
+    assert result.is_error
+    first = result.content[0]
+    assert isinstance(first, TextContent) and "create_session" in first.text
+
+
+async def test_session_limits_are_capped_by_the_operator() -> None:
+    settings = Settings(sandbox_max_sessions=1, sandbox_session_max_memory=1024**3, sandbox_pool_size=0)
+    async with Client(build_server(settings, FakeBackend())) as client:
+        too_big = await client.call_tool("create_session", {"memory": "4g"})
+        network = await client.call_tool("create_session", {"network": True})
+        first = await client.call_tool("create_session", {"memory": "256m", "cpus": 0.5})
+        second = await client.call_tool("create_session", {})
+    for result, needle in (
+        (too_big, "SANDBOX_SESSION_MAX_MEMORY"),
+        (network, "SANDBOX_SESSION_NETWORK_MODE"),
+        (second, "SANDBOX_MAX_SESSIONS"),
+    ):
+        assert result.is_error
+        block = result.content[0]
+        assert isinstance(block, TextContent) and needle in block.text
+    assert not first.is_error
+    assert _payload(first)["memory_limit_bytes"] == 256 * 1024**2 and _payload(first)["cpus"] == 0.5
+
+
+async def test_idle_sessions_expire_and_say_why() -> None:
+    from llm_sandbox_mcp.executor import Executor
+    from llm_sandbox_mcp.sessions import SessionRegistry
+
+    backend = FakeBackend()
+    settings = Settings(sandbox_session_idle_ttl=0.01, sandbox_pool_size=0)
+    async with Executor(settings, backend) as executor:
+        registry = SessionRegistry(settings, executor)
+        session = await registry.create("python", [])
+        import anyio
+
+        await anyio.sleep(0.05)
+        assert await registry.reap() == 1
+        with pytest.raises(Exception, match="expired after 0.01 s idle"):
+            registry.get(session.id)
+    assert backend.destroyed == ["fake-1"]
+
+
+async def test_libraries_must_be_given_at_creation() -> None:
+    backend = FakeBackend(handler=lambda call: ok(exit_code=1) if call.argv[0] == "test" else ok())
+    async with Client(build_server(Settings(sandbox_pool_size=0), backend)) as client:
+        session_id = _payload(await client.call_tool("create_session", {"libraries": ["six"]}))["session_id"]
+        same = await client.call_tool("execute_code", {"code": "1", "session_id": session_id, "libraries": ["six"]})
+        other = await client.call_tool("execute_code", {"code": "1", "session_id": session_id, "libraries": ["attrs"]})
+    assert not same.is_error
+    assert other.is_error
+
+
+async def test_host_files_are_refused_unless_the_operator_allows_a_directory() -> None:
+    def handler(call: Call) -> Any:
+        return ok()
+
+    async with Client(build_server(Settings(sandbox_pool_size=0), FakeBackend(handler=handler))) as client:
+        session_id = _payload(await client.call_tool("create_session", {}))["session_id"]
+        result = await client.call_tool(
+            "upload_file", {"session_id": session_id, "path": "a.txt", "host_path": "/etc/passwd"}
+        )
+    assert result.is_error
+    block = result.content[0]
+    assert isinstance(block, TextContent) and "SANDBOX_HOST_DIRS" in block.text
