@@ -12,6 +12,7 @@ import anyio
 
 from llm_sandbox_mcp import __version__
 from llm_sandbox_mcp.backends import BACKENDS, load_backend
+from llm_sandbox_mcp.backends._select import select_backend
 from llm_sandbox_mcp.config import Settings, load_settings
 from llm_sandbox_mcp.errors import ConfigError, SandboxError
 from llm_sandbox_mcp.executor import Executor
@@ -60,7 +61,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _doctor(settings: Settings) -> int:
-    configured = "docker" if settings.backend == "auto" else settings.backend
     usable: dict[str, bool] = {}
     for name in BACKENDS:
         try:
@@ -74,13 +74,26 @@ async def _doctor(settings: Settings) -> int:
         except SandboxError as exc:
             usable[name] = False
             sys.stdout.write(f"{name:<11} unavailable  {exc}\n")
-    sys.stdout.write(f"configured backend: {configured} ({'usable' if usable.get(configured) else 'NOT usable'})\n")
-    return 0 if usable.get(configured) else 1
+    try:
+        chosen, why = await select_backend(settings)
+        await chosen.aclose()
+    except SandboxError as exc:
+        sys.stdout.write(f"configured backend: {settings.backend} (NOT usable: {exc})\n")
+        return 1
+    if not usable.get(chosen.name):
+        sys.stdout.write(f"configured backend: {chosen.name} (NOT usable)\n")
+        return 1
+    sys.stdout.write(f"configured backend: {chosen.name} (usable; {why})\n")
+    return 0
 
 
 async def _run(settings: Settings, args: argparse.Namespace) -> int:
     code = sys.stdin.read() if args.file == "-" else await anyio.Path(args.file).read_text(encoding="utf-8")
-    backend = load_backend("docker" if settings.backend == "auto" else settings.backend, settings)
+    try:
+        backend, _ = await select_backend(settings)
+    except SandboxError as exc:
+        sys.stderr.write(f"llm-sandbox-mcp: {exc}\n")
+        return 2
     try:
         async with Executor(settings.model_copy(update={"sandbox_pool_size": 0}), backend) as executor:
             execution = await executor.execute(code, args.language, args.libraries, args.timeout)

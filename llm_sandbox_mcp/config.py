@@ -55,7 +55,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_ignore_empty=True, extra="ignore", populate_by_name=True)
 
     # The reference set (same names and meaning as the best-known alternative).
-    backend: BackendChoice = "docker"
+    backend: BackendChoice = "auto"
     docker_host: str | None = None
     kubeconfig: Path | None = None
     namespace: str = "default"

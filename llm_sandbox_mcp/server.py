@@ -15,7 +15,8 @@ from mcp_types import (
 from pydantic import BaseModel, Field
 
 from llm_sandbox_mcp import __version__
-from llm_sandbox_mcp.backends import Backend, load_backend
+from llm_sandbox_mcp.backends import Backend
+from llm_sandbox_mcp.backends._select import select_backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxError
 from llm_sandbox_mcp.executor import MAX_CODE_BYTES, Executor
@@ -66,7 +67,18 @@ def build_server(settings: Settings, backend: Backend | None = None) -> MCPServe
     @asynccontextmanager
     async def lifespan(_: MCPServer[AppState]) -> AsyncGenerator[AppState]:
         async with AsyncExitStack() as stack:
-            engine = backend or load_backend(_backend_name(settings), settings)
+            if backend is not None:
+                engine = backend
+            else:
+                try:
+                    engine, why = await select_backend(settings)
+                except SandboxError as exc:
+                    # Serve anyway: engines often start after MCP clients do, and tools then say what is wrong.
+                    logger.error("%s", exc)
+                    state.failure = str(exc)
+                    yield state
+                    return
+                logger.info("%s", why)
             stack.push_async_callback(_shielded, engine.aclose)
             state.running = await stack.enter_async_context(Executor(settings, engine))
             state.registry = SessionRegistry(settings, state.running)
@@ -161,10 +173,6 @@ async def _session(state: AppState, session_id: str) -> Session:
     return state.sessions.get(session_id)
 
 
-def _backend_name(settings: Settings) -> str:
-    return "docker" if settings.backend == "auto" else settings.backend
-
-
 async def _shielded(close: Callable[[], Awaitable[None]]) -> None:
     with anyio.CancelScope(shield=True):
         await close()
@@ -193,7 +201,7 @@ def _languages(state: AppState) -> LanguagesResult:
             )
             for lang in LANGUAGES.values()
         ],
-        backend=_backend_name(state.settings),
+        backend=state.running.backend.name if state.running is not None else state.settings.backend,
     )
 
 

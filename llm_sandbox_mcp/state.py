@@ -6,7 +6,7 @@ from typing import TypeVar
 from mcp.server.mcpserver.exceptions import ToolError
 
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.errors import SandboxError
+from llm_sandbox_mcp.errors import BackendUnavailable, SandboxError
 from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.sessions import SessionRegistry
 
@@ -21,17 +21,23 @@ class AppState:
         self.running: Executor | None = None
         self.registry: SessionRegistry | None = None
         self.versions: dict[str, str] = {}
+        self.failure: str | None = None
+
+    def _unavailable(self) -> SandboxError:
+        if self.failure is not None:
+            return BackendUnavailable(f"{self.failure} (restart the MCP server after fixing this)")
+        return SandboxError("The server is still starting; try again in a moment")
 
     @property
     def executor(self) -> Executor:
         if self.running is None:
-            raise SandboxError("The server is still starting; try again in a moment")
+            raise self._unavailable()
         return self.running
 
     @property
     def sessions(self) -> SessionRegistry:
         if self.registry is None:
-            raise SandboxError("The server is still starting; try again in a moment")
+            raise self._unavailable()
         return self.registry
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import threading
 import time
@@ -21,6 +22,7 @@ import docker.errors
 from docker.types import Mount, Ulimit
 
 from llm_sandbox_mcp.backends import _owner
+from llm_sandbox_mcp.backends._hardening import CACHE_PREFIX, KILL_ALL, SLEEPER, rlimits
 from llm_sandbox_mcp.backends._stream import SocketProcess, pump, send_stdin
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure
@@ -28,14 +30,9 @@ from llm_sandbox_mcp.models import WORKDIR, ExecResult, HeadTail, Limits, Sandbo
 
 logger = logging.getLogger(__name__)
 
-# PID 1. No init process: a PID-namespace init ignores signals from inside, so `kill -9 -1` on timeout kills
-# everything but it, and the sandbox stays usable; an init such as tini would exit with its killed child.
-SLEEPER = ["sleep", "infinity"]
-CACHE_PREFIX = "llm-sandbox-mcp-libs-"
-
 
 def container_options(spec: SandboxSpec, labels: Mapping[str, str]) -> dict[str, Any]:
-    """The create options that turn `spec` into a hardened container (shared with Podman)."""
+    """The docker SDK create options that turn `spec` into a hardened container."""
     limits: Limits = spec.limits
     uid, gid = limits.uid, limits.gid
     options: dict[str, Any] = {
@@ -55,11 +52,7 @@ def container_options(spec: SandboxSpec, labels: Mapping[str, str]) -> dict[str,
         "memswap_limit": limits.memory_bytes,
         "nano_cpus": int(limits.cpus * 1e9),
         "pids_limit": limits.pids,
-        "ulimits": [
-            Ulimit(name="nofile", soft=limits.nofile, hard=limits.nofile),
-            Ulimit(name="nproc", soft=4096, hard=4096),
-            Ulimit(name="core", soft=0, hard=0),
-        ],
+        "ulimits": [Ulimit(name=name, soft=value, hard=value) for name, value in rlimits(limits).items()],
         "tmpfs": {
             str(WORKDIR): f"rw,exec,nosuid,nodev,size={limits.workspace_bytes},uid={uid},gid={gid},mode=0700",
             "/tmp": f"rw,exec,nosuid,nodev,size={limits.tmp_bytes},mode=1777",
@@ -92,6 +85,13 @@ class DockerBackend:
     def _docker(self) -> docker.DockerClient:
         with self._connect_lock:
             if self._client is None:
+                socket_path = (self._base_url or "unix:///var/run/docker.sock").removeprefix("unix://")
+                if socket_path.startswith("/") and not os.path.exists(socket_path):
+                    # Checked up front: the SDK leaks its socket when the connection to a missing path fails.
+                    raise BackendUnavailable(
+                        f"The Docker engine socket {socket_path} does not exist. Start Docker, or set DOCKER_HOST "
+                        "to its socket; `llm-sandbox-mcp doctor` checks it."
+                    )
                 try:
                     if self._base_url:
                         self._client = docker.DockerClient(base_url=self._base_url, timeout=120)
@@ -99,6 +99,8 @@ class DockerBackend:
                         self._client = docker.from_env(timeout=120)
                     self._client.ping()
                 except docker.errors.DockerException as exc:
+                    if self._client is not None:
+                        self._client.close()
                     self._client = None
                     where = self._base_url or "the default socket (DOCKER_HOST unset)"
                     raise BackendUnavailable(
@@ -271,7 +273,7 @@ class DockerBackend:
         """Kill every process of the sandbox user; PID 1 (the init) is immune, so the sandbox stays."""
         api = self._docker().api
         try:
-            kill_id = api.exec_create(container_id, ["sh", "-c", "kill -9 -1"], user=user)["Id"]
+            kill_id = api.exec_create(container_id, KILL_ALL, user=user)["Id"]
             api.exec_start(kill_id)
         except docker.errors.APIError:
             logger.warning("Could not kill the processes in %s; removing it", container_id[:12])

@@ -124,7 +124,7 @@ def test_doctor_reports_the_configured_backend(docker_required: None) -> None:
     completed = subprocess.run([SCRIPT, "doctor"], capture_output=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
     out = completed.stdout.decode()
     assert completed.returncode == 0, out
-    assert "docker      ok" in out and "configured backend: docker (usable)" in out
+    assert "docker      ok" in out and "configured backend: docker (usable; BACKEND=auto chose docker" in out
 
 
 def test_doctor_fails_when_the_engine_is_unreachable() -> None:
@@ -132,7 +132,7 @@ def test_doctor_fails_when_the_engine_is_unreachable() -> None:
         [SCRIPT, "doctor"],
         capture_output=True,
         timeout=120,
-        env={"PATH": "/usr/bin:/bin", "DOCKER_HOST": "unix:///nonexistent/docker.sock"},
+        env={"PATH": "/usr/bin:/bin", "BACKEND": "docker", "DOCKER_HOST": "unix:///nonexistent/docker.sock"},
     )
     assert completed.returncode == 1
     assert "docker      unavailable" in completed.stdout.decode()
