@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,8 @@ from tests.engines.conftest import HOST_CA_BUNDLE, require_now
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.docker]
 
-SCRIPT = str(Path(sys.executable).parent / "llm-sandbox-mcp")
+# scripts/test points this at the console script installed from the built wheel.
+SCRIPT = os.environ.get("LLM_SANDBOX_MCP_COMMAND") or str(Path(sys.executable).parent / "llm-sandbox-mcp")
 ENV = {"SANDBOX_INSTALL_NETWORK_MODE": "host", "SANDBOX_LOG_LEVEL": "WARNING"}
 if Path(HOST_CA_BUNDLE).is_file():
     ENV["SANDBOX_INSTALL_CA_BUNDLE"] = HOST_CA_BUNDLE
