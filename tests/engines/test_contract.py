@@ -57,6 +57,15 @@ async def test_sandbox_has_no_capabilities_no_root_and_no_new_privileges(executo
     assert no_new_privs == "1"
 
 
+async def test_open_files_and_core_dumps_are_limited(executor: Executor) -> None:
+    result = await run(
+        executor,
+        "import resource\nprint(resource.getrlimit(resource.RLIMIT_NOFILE), resource.getrlimit(resource.RLIMIT_CORE))",
+    )
+    nofile = executor.limits.nofile
+    assert result.stdout == f"({nofile}, {nofile}) (0, 0)\n"
+
+
 async def test_sandbox_has_only_a_loopback_interface(executor: Executor) -> None:
     result = await run(
         executor,
