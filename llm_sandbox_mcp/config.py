@@ -82,13 +82,14 @@ class Settings(BaseSettings):
     sandbox_workspace_size: Size = 256 * 1024**2
     sandbox_tmp_size: Size = 64 * 1024**2
     sandbox_user: str = "65534:65534"
-    sandbox_pool_size: int = Field(default=1, ge=0, le=16)
+    sandbox_pool_size: int = Field(default=2, ge=0, le=16)
     sandbox_max_concurrency: PositiveInt = 4
-    sandbox_install_network_mode: str = "bridge"
+    sandbox_install_network_mode: str | None = None
     sandbox_install_ca_bundle: Path | None = None
     sandbox_pip_index_url: str | None = None
     sandbox_artifact_limit: Size = 4 * 1024**2
     sandbox_log_level: LogLevel = "INFO"
+    sandbox_bwrap_path: Path | None = None
     sandbox_max_sessions: PositiveInt = 8
     sandbox_session_idle_ttl: PositiveFloat = 1800.0
     sandbox_session_max_lifetime: PositiveFloat = 8 * 3600.0

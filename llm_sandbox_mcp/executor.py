@@ -249,6 +249,13 @@ class Executor:
             return []
         return collect(unpack(listing.stdout), inline_limit=limit)
 
+    def install_network_mode(self) -> str:
+        """The installer's network: as configured, else what this engine offers by default."""
+        configured = self.settings.sandbox_install_network_mode
+        if configured:
+            return configured
+        return "host" if self.backend.name == "bubblewrap" else "bridge"
+
     def cache_key(self, lang: Language, specs: list[str]) -> str:
         identity = json.dumps([lang.name, self.settings.image_for(lang.name), specs])
         return hashlib.sha256(identity.encode()).hexdigest()[:32]
@@ -264,7 +271,7 @@ class Executor:
                 return key
             install_limits: Limits = replace(
                 self.limits,
-                network_mode=self.settings.sandbox_install_network_mode,
+                network_mode=self.install_network_mode(),
                 memory_bytes=max(self.limits.memory_bytes, 2 * 1024**3),
                 tmp_bytes=max(self.limits.tmp_bytes, 2 * 1024**3),
                 pids=max(self.limits.pids, 512),

@@ -20,12 +20,14 @@ INSTANCE_ID = uuid.uuid4().hex[:12]
 
 
 def _process_start(pid: int) -> str:
-    """The kernel's start time of a process, so a recycled pid is not mistaken for its owner."""
+    """The kernel's start time of a live process ("" for none or a zombie), so a recycled pid is not mistaken
+    for its owner and a server that died but is not reaped yet counts as gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return ""
-    return stat.rsplit(")", 1)[1].split()[19]
+    fields = stat.rsplit(")", 1)[1].split()
+    return "" if fields[0] == "Z" else fields[19]
 
 
 def owner_labels(kind: str = "sandbox") -> dict[str, str]:

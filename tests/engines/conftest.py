@@ -20,7 +20,7 @@ from llm_sandbox_mcp.errors import SandboxError
 from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, SandboxRef, SandboxSpec
 
-ENGINES = ("docker",)
+ENGINES = ("docker", "bubblewrap")
 # The host's trust store: behind a TLS-inspecting proxy the images' own bundles are not enough to install.
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 

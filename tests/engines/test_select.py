@@ -20,6 +20,16 @@ async def test_auto_prefers_docker_when_it_answers(request: pytest.FixtureReques
         await backend.aclose()
 
 
+async def test_auto_skips_an_unreachable_docker_and_says_why() -> None:
+    # Podman or bubblewrap answer on a provisioned machine, so auto moves on to one of them.
+    backend, why = await select_backend(Settings(backend="auto", docker_host="unix:///nonexistent/docker.sock"))
+    try:
+        assert backend.name != "docker"
+        assert "skipped docker: The Docker engine socket /nonexistent/docker.sock does not exist" in why
+    finally:
+        await backend.aclose()
+
+
 async def test_an_explicit_backend_never_falls_back() -> None:
     backend, why = await select_backend(Settings(backend="docker", docker_host="unix:///nonexistent/docker.sock"))
     try:

@@ -1,0 +1,489 @@
+"""Bubblewrap backend: daemonless local sandboxes from the host's own runtimes, no image, no container engine.
+
+Shape (see `_bwrap_argv`): one long-lived *holder* bwrap per sandbox owns its namespaces and its size-limited
+tmpfs /workspace and /tmp; each exec enters it with nsenter and runs in a hardened inner bwrap.
+Limits: a cgroup per sandbox (pids, memory, cpu) when one can be made (always as root), plus rlimits. As root
+the sandbox runs as the unprivileged SANDBOX_USER on the host too: root ignores RLIMIT_NPROC, and a sandbox
+whose processes are host root is one bug away from owning the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import platform
+import resource
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from anyio.abc import Process
+
+from llm_sandbox_mcp.backends import _owner
+from llm_sandbox_mcp.backends._bwrap_argv import (
+    exec_argv,
+    generated_files,
+    holder_argv,
+    host_env,
+    killer_argv,
+    probe_argv,
+)
+from llm_sandbox_mcp.backends._bwrap_host import (
+    HOST_PATH,
+    Bwrap,
+    cache_root,
+    find_bwrap,
+    private_dir,
+    state_root,
+    userns_problem,
+    userns_unavailable,
+)
+from llm_sandbox_mcp.backends._bwrap_pipes import PipeProcess, feed, pump
+from llm_sandbox_mcp.backends._cgroup import Cgroup, CgroupManager, existing
+from llm_sandbox_mcp.backends._seccomp import FILTER
+from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.errors import BackendUnavailable, SandboxFailure
+from llm_sandbox_mcp.models import WORKDIR, ExecResult, HeadTail, Limits, SandboxRef, SandboxSpec
+
+logger = logging.getLogger(__name__)
+
+NETWORK_MODES = ("none", "host")
+_START_SECONDS = 30.0
+# After a kill, how long the pipes may take to close before the output is returned as it is.
+_DRAIN_SECONDS = 3.0
+# After a normal exit: a background process the command left running may keep the pipes open for good.
+_EXIT_DRAIN_SECONDS = 0.5
+_USERNS_ERRORS = ("No permissions to creat", "setting up uid map", "uid_map", "Operation not permitted")
+
+
+@dataclass(frozen=True)
+class _Host:
+    bwrap: Bwrap
+    nsenter: str
+    cgroups: CgroupManager
+    state: Path
+    root: bool
+    # Since Linux 5.14 RLIMIT_NPROC counts per user namespace; before, all processes of the host uid count.
+    nproc_per_userns: bool
+
+
+@dataclass(eq=False)
+class _Sandbox:
+    id: str
+    spec: SandboxSpec
+    holder: Process
+    holder_pid: int
+    cgroup: Cgroup | None
+    state_file: Path
+    processes: set[Process] = field(default_factory=lambda: set[Process]())
+    closed: bool = False
+
+
+def _kernel_at_least(major: int, minor: int) -> bool:
+    try:
+        found = tuple(int(part) for part in platform.release().split("-")[0].split(".")[:2])
+    except ValueError:
+        return False
+    return found >= (major, minor)
+
+
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, 0)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _exit_code(returncode: int | None) -> int:
+    if returncode is None:
+        return -1
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class BubblewrapBackend:
+    """Sandboxes as bubblewrap namespaces on this host."""
+
+    name = "bubblewrap"
+
+    def __init__(self, bwrap_path: Path | None, probe_uid: int = 65534, probe_gid: int = 65534) -> None:
+        self._configured = bwrap_path
+        self._probe_ids = (probe_uid, probe_gid)
+        self._host_info: _Host | None = None
+        self._host_lock = anyio.Lock()
+        self._boxes: dict[str, _Sandbox] = {}
+
+    # -- host discovery -------------------------------------------------------------------------------------
+
+    async def _host(self) -> _Host:
+        async with self._host_lock:
+            if self._host_info is None:
+                self._host_info = await anyio.to_thread.run_sync(self._discover)
+            return self._host_info
+
+    def _discover(self) -> _Host:
+        if platform.system() != "Linux":
+            raise BackendUnavailable("BACKEND=bubblewrap runs on Linux only; use BACKEND=docker or podman here")
+        problem = userns_problem()
+        if problem:
+            raise userns_unavailable(problem)
+        nsenter = shutil.which("nsenter", path=HOST_PATH)
+        if nsenter is None:
+            raise BackendUnavailable("BACKEND=bubblewrap needs nsenter; install util-linux with your package manager")
+        root = os.geteuid() == 0
+        state = state_root()
+        private_dir(state / "sandboxes", 0o700)
+        host = _Host(
+            bwrap=find_bwrap(self._configured, state, staging=root),
+            nsenter=nsenter,
+            cgroups=CgroupManager(),
+            state=state,
+            root=root,
+            nproc_per_userns=_kernel_at_least(5, 14),
+        )
+        self._probe(host)
+        return host
+
+    def _run_as(self, host: _Host, uid: int, gid: int) -> dict[str, Any]:
+        return {"user": uid, "group": gid, "extra_groups": []} if host.root else {}
+
+    def _probe(self, host: _Host) -> None:
+        """A trivial sandbox, as the sandbox user, so a host without user namespaces fails here, clearly."""
+        uid, gid = self._probe_ids
+        try:
+            done = subprocess.run(
+                probe_argv(host.bwrap, uid, gid), capture_output=True, text=True, timeout=30, env=host_env(),
+                cwd="/", check=False, **self._run_as(host, uid, gid),
+            )  # fmt: skip
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise BackendUnavailable(f"{host.bwrap.describe()} does not run: {exc}") from exc
+        if done.returncode != 0:
+            message = done.stderr.strip()
+            if any(marker in message for marker in _USERNS_ERRORS):
+                raise userns_unavailable(f"bwrap said: {message}")
+            raise BackendUnavailable(f"{host.bwrap.describe()} cannot make a sandbox here: {message}")
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+
+    async def create(self, spec: SandboxSpec) -> SandboxRef:
+        host = await self._host()
+        limits = spec.limits
+        if limits.network_mode not in NETWORK_MODES:
+            raise SandboxFailure(
+                f"Network mode {limits.network_mode!r} does not exist for BACKEND=bubblewrap: use 'none' (no network) "
+                "or 'host' (the host's network, for library installs: SANDBOX_INSTALL_NETWORK_MODE=host)"
+            )
+        sandbox_id = uuid.uuid4().hex
+        cache_dir = await anyio.to_thread.run_sync(self._cache_dir, host, spec) if spec.cache else None
+        cgroup = await anyio.to_thread.run_sync(host.cgroups.create, f"sandbox-{sandbox_id}", limits)
+        state_file = host.state / "sandboxes" / f"{sandbox_id}.json"
+        record = {"labels": _owner.owner_labels(), "cgroups": [str(d) for d in cgroup.dirs] if cgroup else []}
+        await anyio.Path(state_file).write_text(json.dumps(record))
+        try:
+            holder, holder_pid = await self._start_holder(host, spec, cache_dir)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._forget(cgroup, state_file)
+            raise
+        box = _Sandbox(sandbox_id, spec, holder, holder_pid, cgroup, state_file)
+        self._boxes[sandbox_id] = box
+        return SandboxRef(id=sandbox_id, spec=spec, handle=box)
+
+    def _cache_dir(self, host: _Host, spec: SandboxSpec) -> Path:
+        assert spec.cache is not None
+        directory = cache_root() / _cache_name(spec.cache.key)
+        directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+        if host.root and spec.cache.writable:
+            os.chown(directory, spec.limits.uid, spec.limits.gid)
+        return directory
+
+    async def _start_holder(self, host: _Host, spec: SandboxSpec, cache_dir: Path | None) -> tuple[Process, int]:
+        limits = spec.limits
+        info_read, info_write = os.pipe()
+        files = {dest: _memfd(dest, data) for dest, data in generated_files(limits).items()}
+        argv = holder_argv(host.bwrap, spec, info_fd=info_write, file_fds=files, cache_dir=cache_dir)
+        try:
+            holder = await anyio.open_process(
+                argv, stdin=subprocess.DEVNULL, cwd="/", env=host_env(), start_new_session=True,
+                pass_fds=(info_write, *files.values()),
+                **self._run_as(host, limits.uid, limits.gid),
+            )  # fmt: skip
+        finally:
+            for fd in (info_write, *files.values()):
+                os.close(fd)
+        try:
+            assert holder.stdout is not None
+            with anyio.fail_after(_START_SECONDS):
+                # PID 1 speaks once it runs, so the namespaces and mounts are in place.
+                await holder.stdout.receive()
+            info = json.loads(await anyio.to_thread.run_sync(_read_all, info_read))
+            return holder, int(info["child-pid"])
+        except (anyio.EndOfStream, anyio.BrokenResourceError, TimeoutError, ValueError, KeyError) as exc:
+            message = ""
+            with anyio.CancelScope(shield=True):
+                message = await _holder_error(holder)
+            if any(marker in message for marker in ("No permissions to creat", "setting up uid map")):
+                raise userns_unavailable(f"bwrap said: {message}") from exc
+            raise SandboxFailure(f"bubblewrap could not create a sandbox: {message or exc!r}") from exc
+        finally:
+            os.close(info_read)
+
+    async def exec(
+        self,
+        ref: SandboxRef,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        stdin: bytes = b"",
+        env: Mapping[str, str] | None = None,
+        workdir: PurePosixPath = WORKDIR,
+        output_limit: int | None = None,
+    ) -> ExecResult:
+        box = self._box(ref)
+        started = time.monotonic()
+        process = await self._spawn(box, argv, env or {}, workdir, cpu_seconds=math.ceil(timeout) + 1)
+        out, err = HeadTail(output_limit), HeadTail(output_limit)
+        timed_out = False
+        try:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(feed, process, stdin)
+                assert process.stdout is not None and process.stderr is not None
+                tasks.start_soon(pump, process.stdout, out)
+                tasks.start_soon(pump, process.stderr, err)
+                with anyio.move_on_after(timeout) as deadline:
+                    await process.wait()
+                drain = _EXIT_DRAIN_SECONDS
+                if deadline.cancelled_caught:
+                    timed_out, drain = True, _DRAIN_SECONDS
+                    await self._kill_all(box)
+                tasks.cancel_scope.deadline = anyio.current_time() + drain
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._reap(box, process)
+        return ExecResult(
+            exit_code=_exit_code(process.returncode),
+            stdout=out.getvalue(),
+            stderr=err.getvalue(),
+            timed_out=timed_out,
+            truncated=out.truncated or err.truncated,
+            duration_ms=(time.monotonic() - started) * 1000,
+        )
+
+    async def start(
+        self,
+        ref: SandboxRef,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        workdir: PurePosixPath = WORKDIR,
+    ) -> PipeProcess:
+        box = self._box(ref)
+        return PipeProcess(await self._spawn(box, argv, env or {}, workdir, cpu_seconds=None))
+
+    def _box(self, ref: SandboxRef) -> _Sandbox:
+        box = self._boxes.get(ref.id)
+        if box is None or box.closed:
+            raise SandboxFailure(f"The sandbox {ref.id[:12]} is gone (destroyed)")
+        if box.holder.returncode is not None:
+            raise SandboxFailure(f"The sandbox {ref.id[:12]} is gone: its holder process exited")
+        return box
+
+    async def _spawn(
+        self,
+        box: _Sandbox,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        workdir: PurePosixPath,
+        cpu_seconds: int | None,
+    ) -> Process:
+        host = await self._host()
+        limits = box.spec.limits
+        seccomp = _memfd("seccomp", FILTER)
+        command = exec_argv(
+            host.bwrap, host.nsenter, box.holder_pid, limits, argv, env=env, workdir=workdir, seccomp_fd=seccomp,
+            as_root=host.root,
+        )  # fmt: skip
+        try:
+            # As root: root's supplementary groups go now (if it has any: otherwise the cheaper vfork path stays
+            # open), and nsenter switches the uid inside the holder.
+            process = await anyio.open_process(
+                command, cwd="/", env=host_env(), start_new_session=True, pass_fds=(seccomp,),
+                extra_groups=[] if host.root and os.getgroups() else None,
+            )  # fmt: skip
+        except OSError as exc:
+            raise SandboxFailure(f"Could not start a process in the sandbox: {exc}") from exc
+        finally:
+            os.close(seccomp)
+        box.processes.add(process)
+        try:
+            await anyio.to_thread.run_sync(self._confine, host, box, process.pid, cpu_seconds)
+            assert process.stdin is not None
+            await process.stdin.send(b"\n")  # opens the gate
+        except (OSError, anyio.BrokenResourceError) as exc:
+            with anyio.CancelScope(shield=True):
+                process.kill()
+                await self._reap(box, process)
+            raise SandboxFailure(f"Could not confine a process in the sandbox: {exc}") from exc
+        return process
+
+    def _confine(self, host: _Host, box: _Sandbox, pid: int, cpu_seconds: int | None) -> None:
+        """Limits on the gate process, inherited by everything the exec starts."""
+        limits: Limits = box.spec.limits
+        wanted = {
+            resource.RLIMIT_NOFILE: limits.nofile,
+            resource.RLIMIT_FSIZE: max(limits.workspace_bytes, limits.tmp_bytes),
+            resource.RLIMIT_CORE: 0,
+        }
+        if cpu_seconds is not None:
+            wanted[resource.RLIMIT_CPU] = cpu_seconds
+        if host.nproc_per_userns:
+            wanted[resource.RLIMIT_NPROC] = limits.pids
+        if box.cgroup is None or "memory" not in box.cgroup.controllers:
+            # Writable private memory per process: unlike RLIMIT_AS it leaves the JVM's and V8's reservations be.
+            wanted[resource.RLIMIT_DATA] = limits.memory_bytes
+        for kind, value in wanted.items():
+            # CPU: SIGXCPU at the soft limit (catchable), SIGKILL a little later.
+            soft, hard = value, value + 5 if kind == resource.RLIMIT_CPU else value
+            _, ceiling = resource.getrlimit(kind)
+            if ceiling != resource.RLIM_INFINITY:
+                soft, hard = min(soft, ceiling), min(hard, ceiling)
+            resource.prlimit(pid, kind, (soft, hard))
+        if box.cgroup is not None:
+            box.cgroup.place(pid)
+
+    async def _reap(self, box: _Sandbox, process: Process) -> None:
+        if process.returncode is None:  # the caller was cancelled: the exec's own processes go too
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+        with anyio.move_on_after(_DRAIN_SECONDS):
+            await process.aclose()
+        box.processes.discard(process)
+
+    async def kill_all(self, ref: SandboxRef) -> None:
+        box = self._boxes.get(ref.id)
+        if box is not None and not box.closed:
+            await self._kill_all(box)
+
+    async def _kill_all(self, box: _Sandbox) -> None:
+        host = await self._host()
+        if box.cgroup is not None:
+            await anyio.to_thread.run_sync(box.cgroup.kill)
+        elif box.holder.returncode is None:
+            limits = box.spec.limits
+            killer = await anyio.open_process(
+                killer_argv(host.nsenter, box.holder_pid), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, cwd="/", env=host_env(), start_new_session=True,
+                **self._run_as(host, limits.uid, limits.gid),
+            )  # fmt: skip
+            with anyio.move_on_after(10):
+                await killer.wait()
+        for process in list(box.processes):
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+
+    async def destroy(self, ref: SandboxRef) -> None:
+        box = self._boxes.pop(ref.id, None)
+        if box is None:
+            return
+        with anyio.CancelScope(shield=True):
+            await self._destroy(box)
+
+    async def _destroy(self, box: _Sandbox) -> None:
+        box.closed = True
+        if box.holder.returncode is None:
+            # PID 1 of the holder's PID namespace: when it dies the kernel kills every process in there.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(box.holder_pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                box.holder.kill()
+        for process in list(box.processes):
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+        for process in [box.holder, *box.processes]:
+            with anyio.move_on_after(_DRAIN_SECONDS):
+                await process.aclose()
+        box.processes.clear()
+        await self._forget(box.cgroup, box.state_file)
+
+    async def _forget(self, cgroup: Cgroup | None, state_file: Path) -> None:
+        if cgroup is not None:
+            await anyio.to_thread.run_sync(cgroup.remove)
+        with contextlib.suppress(FileNotFoundError):
+            await anyio.Path(state_file).unlink()
+
+    async def drop_cache(self, key: str) -> None:
+        await anyio.to_thread.run_sync(shutil.rmtree, cache_root() / _cache_name(key), True)
+
+    async def sweep(self) -> int:
+        host = await self._host()
+        return await anyio.to_thread.run_sync(self._sweep, host)
+
+    def _sweep(self, host: _Host) -> int:
+        swept = 0
+        for state_file in (host.state / "sandboxes").glob("*.json"):
+            if state_file.stem in self._boxes:
+                continue
+            try:
+                record = json.loads(state_file.read_text())
+            except (OSError, ValueError):
+                continue
+            if not _owner.owner_is_gone(record.get("labels") or {}):
+                continue
+            # The holder died with its server (--die-with-parent); only its cgroups can outlive it.
+            existing(record.get("cgroups") or []).remove()
+            state_file.unlink(missing_ok=True)
+            swept += 1
+        return swept
+
+    async def describe(self) -> str:
+        host = await self._host()
+        who = f"uid {self._probe_ids[0]}" + (" (dropped from root)" if host.root else " (mapped to this user)")
+        return f"{host.bwrap.describe()}; user namespaces work; sandbox user {who}; {host.cgroups.describe()}"
+
+    async def aclose(self) -> None:
+        boxes = list(self._boxes.values())
+        self._boxes.clear()
+        with anyio.CancelScope(shield=True):
+            for box in boxes:
+                await self._destroy(box)
+
+
+async def _holder_error(holder: Process) -> str:
+    with contextlib.suppress(ProcessLookupError):
+        holder.kill()
+    message = b""
+    if holder.stderr is not None:
+        with anyio.move_on_after(_DRAIN_SECONDS), contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError):
+            async for chunk in holder.stderr:
+                message += chunk
+    with anyio.move_on_after(_DRAIN_SECONDS):
+        await holder.aclose()
+    return message.decode(errors="replace").strip()
+
+
+def _read_all(fd: int) -> bytes:
+    data = b""
+    while chunk := os.read(fd, 65536):
+        data += chunk
+    return data
+
+
+def _cache_name(key: str) -> str:
+    if not key or not all(c.isalnum() or c in "-_." for c in key) or key.startswith("."):
+        raise SandboxFailure(f"Invalid library cache key {key!r}")
+    return key
+
+
+def from_settings(settings: Settings) -> BubblewrapBackend:
+    limits = settings.limits()
+    return BubblewrapBackend(settings.sandbox_bwrap_path, limits.uid, limits.gid)

@@ -1,0 +1,170 @@
+"""Command lines for the bubblewrap backend: a sandbox's holder, the per-exec bwrap inside it, and the killer.
+
+A sandbox is a long-lived *holder*: a bwrap whose namespaces (user, mount, network, IPC, UTS, PID) hold the
+size-limited tmpfs workspace and /tmp, with an idle shell as PID 1. Every exec enters those namespaces with
+`nsenter` and runs a second bwrap there, which adds seccomp, no capabilities, a cleared environment, a private
+/dev and no way to make further user namespaces. Execs share files and PIDs, as in a container: a process
+one exec starts can be signalled by the next, and outlives the exec that started it.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path, PurePosixPath
+
+from llm_sandbox_mcp.backends._bwrap_host import HOST_PATH, Bwrap
+from llm_sandbox_mcp.models import WORKDIR, Limits, SandboxSpec
+
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# PID 1 of the holder: says it is up, then idles. A shell as PID 1 reaps orphans (dash waits on any child
+# while it waits for `sleep`), and as PID 1 it ignores every signal sent from inside the sandbox.
+HOLDER_COMMAND = ("/bin/sh", "-c", "echo; while :; do sleep 3600; done")
+# The per-exec gate: waits for a line on stdin, sent once the server has set rlimits and the cgroup on this very
+# process, then becomes the real command, so nothing of the sandbox ever runs unlimited. (dash reads stdin one
+# byte at a time, so the rest of stdin is left for the command.)
+GATE = 'read -r _ || exit 125; exec "$@"'
+# Run as the sandbox user in the holder's PID namespace: kills everything there but PID 1 (the holder) and
+# itself, a few rounds to catch what a fork bomb started meanwhile (PID 1 restarts its `sleep` each round).
+KILL_LOOP = "for _ in 1 2 3 4 5 6 7 8 9 10; do kill -9 -1 2>/dev/null; done"
+
+# What runtimes read from /etc (Debian and others link config there from /usr); nothing with secrets (apt's
+# auth.conf.d is readable by root only, and the sandbox user is never host root).
+ETC_ENTRIES = (
+    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl", "ca-certificates", "ca-certificates.conf",
+    "pki", "crypto-policies", "localtime", "timezone", "locale.alias", "nsswitch.conf", "host.conf", "gai.conf",
+    "protocols", "services", "mime.types", "os-release", "fonts", "matplotlibrc", "R", "java-*", "maven",
+    "python3*", "ruby", "gemrc",
+    # For installers that download Debian packages (C++): the host's apt sources and keys.
+    "apt",
+)  # fmt: skip
+# What is installed, for the same installers (apt plans what the host lacks).
+VAR_ENTRIES = ("/var/lib/dpkg",)
+ROOT_DIRS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+
+
+def _host_sources(with_network: bool) -> list[str]:
+    names: list[str] = []
+    for entry in ETC_ENTRIES:
+        names += sorted(glob.glob(f"/etc/{entry}")) if "*" in entry else [f"/etc/{entry}"]
+    if with_network:
+        names.append("/etc/resolv.conf")
+    return [*names, *VAR_ENTRIES]
+
+
+def system_root() -> list[str]:
+    """/usr read-only, and /bin, /lib... as the host has them: links into /usr (merged /usr) or directories."""
+    argv = ["--ro-bind", "/usr", "/usr"]
+    for name in ROOT_DIRS:
+        path = Path("/") / name
+        if path.is_symlink():
+            argv += ["--symlink", os.readlink(path), str(path)]
+        elif path.is_dir():
+            argv += ["--ro-bind", str(path), str(path)]
+    return argv
+
+
+def probe_argv(bwrap: Bwrap, uid: int, gid: int) -> list[str]:
+    return [str(bwrap.path), "--unshare-all", "--uid", str(uid), "--gid", str(gid), *system_root(), "--", "true"]
+
+
+def generated_files(limits: Limits) -> dict[str, bytes]:
+    """Minimal account and host files, not the host's, which list its users and hostnames."""
+    uid, gid = limits.uid, limits.gid
+    return {
+        "/etc/passwd": (
+            f"root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{uid}:{gid}:sandbox:/tmp:/bin/sh\n".encode()
+        ),
+        "/etc/group": f"root:x:0:\nsandbox:x:{gid}:\n".encode(),
+        "/etc/hosts": b"127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+    }
+
+
+def holder_argv(
+    bwrap: Bwrap, spec: SandboxSpec, *, info_fd: int, file_fds: Mapping[str, int], cache_dir: Path | None
+) -> list[str]:
+    limits = spec.limits
+    share_net = limits.network_mode == "host"
+    argv = [str(bwrap.path), "--unshare-all"]
+    if share_net:
+        argv.append("--share-net")
+    argv += [
+        "--die-with-parent", "--new-session", "--as-pid-1", "--info-fd", str(info_fd),
+        "--uid", str(limits.uid), "--gid", str(limits.gid), "--hostname", "sandbox", *system_root(),
+    ]  # fmt: skip
+    for source in _host_sources(share_net):
+        argv += ["--ro-bind-try", source, source]
+    for dest, fd in file_fds.items():
+        argv += ["--perms", "0644", "--file", str(fd), dest]
+    argv += ["--proc", "/proc"]
+    # Device nodes for the per-exec bwrap's --dev; without devpts here the holder needs one user namespace only.
+    for name in DEVICES:
+        argv += ["--dev-bind-try", f"/dev/{name}", f"/dev/{name}"]
+    argv += ["--perms", "0700", "--size", str(limits.workspace_bytes), "--tmpfs", str(WORKDIR)]
+    argv += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]
+    # bwrap's scratch mount point, made here so the per-exec bwrap does not litter the sandbox's /tmp.
+    argv += ["--dir", f"/run/user/{limits.uid}/.bubblewrap"]
+    for source, dest in bwrap.binds:
+        argv += ["--ro-bind", str(source), dest]
+    if spec.cache is not None and cache_dir is not None:
+        argv += ["--bind" if spec.cache.writable else "--ro-bind", str(cache_dir), str(spec.cache.target)]
+    argv += ["--remount-ro", "/", "--chdir", "/", "--", *HOLDER_COMMAND]
+    return argv
+
+
+def _nsenter(nsenter: str, holder_pid: int, limits: Limits, as_root: bool) -> list[str]:
+    argv = [nsenter, "--target", str(holder_pid), "--user", "--mount", "--ipc", "--uts", "--pid"]
+    if limits.network_mode != "host":  # else the holder has no network namespace of its own
+        argv.append("--net")
+    if as_root:
+        argv += ["--setuid", str(limits.uid), "--setgid", str(limits.gid)]
+    else:
+        argv.append("--preserve-credentials")
+    return [*argv, "--"]
+
+
+def exec_argv(
+    bwrap: Bwrap,
+    nsenter: str,
+    holder_pid: int,
+    limits: Limits,
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    workdir: PurePosixPath,
+    seccomp_fd: int,
+    as_root: bool = False,
+) -> list[str]:
+    """sh (the gate) -> nsenter into the holder -> bwrap (hardening) -> argv.
+
+    As root the gate runs as root (so the server may set its rlimits without CAP_SYS_RESOURCE, which containers
+    often lack), and nsenter becomes the sandbox user only inside the holder's user namespace: there
+    RLIMIT_NPROC counts the sandbox's processes, not every process of that uid on the host.
+    """
+    inner = [
+        bwrap.inner_path, "--unshare-user", "--unshare-cgroup-try", "--disable-userns",
+        "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        "--uid", str(limits.uid), "--gid", str(limits.gid),
+        "--bind", "/", "/", "--dev", "/dev",
+        "--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+        # Hides the holder's helpers (bwrap's scratch dir, a bundled bwrap).
+        "--perms", "0755", "--size", "4096", "--tmpfs", "/run", "--remount-ro", "/run",
+        "--clearenv",
+    ]  # fmt: skip
+    for key, value in {"PATH": SANDBOX_PATH, **env}.items():
+        inner += ["--setenv", key, value]
+    inner += ["--chdir", str(workdir), "--seccomp", str(seccomp_fd), "--", *argv]
+    return ["/bin/sh", "-c", GATE, "sh", *_nsenter(nsenter, holder_pid, limits, as_root), *inner]
+
+
+def killer_argv(nsenter: str, holder_pid: int) -> list[str]:
+    """Run as the sandbox user: no mount namespace needed, the host's /bin/sh does."""
+    enter = [nsenter, "--target", str(holder_pid), "--user", "--pid", "--preserve-credentials", "--"]
+    return [*enter, "/bin/sh", "-c", KILL_LOOP]
+
+
+def host_env() -> dict[str, str]:
+    """The environment of the host-side helpers: nothing of the server's own."""
+    return {"PATH": HOST_PATH}

