@@ -15,12 +15,12 @@ from mcp_types import (
 from pydantic import BaseModel, Field
 
 from llm_sandbox_mcp import __version__
-from llm_sandbox_mcp.backends import Backend
+from llm_sandbox_mcp.backends import Backend, RuntimeProbe
 from llm_sandbox_mcp.backends._select import select_backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxError
 from llm_sandbox_mcp.executor import MAX_CODE_BYTES, Executor
-from llm_sandbox_mcp.languages import LANGUAGES, get_language
+from llm_sandbox_mcp.languages import LANGUAGES, Language, get_language
 from llm_sandbox_mcp.results import ExecutionResult, shape_execution
 from llm_sandbox_mcp.session_tools import register_session_tools
 from llm_sandbox_mcp.sessions import Session, SessionRegistry
@@ -37,6 +37,8 @@ class LanguageInfo(BaseModel):
     image: str
     package_manager: str
     plots: str
+    available: bool = Field(description="Whether this language can run on the server's backend")
+    unavailable_reason: str | None = Field(description="Why not, when it cannot")
 
 
 class LanguagesResult(BaseModel):
@@ -198,6 +200,8 @@ def _languages(state: AppState) -> LanguagesResult:
                 image=state.settings.image_for(lang.name),
                 package_manager=lang.package_manager,
                 plots=lang.plots,
+                available=_missing(state, lang) is None,
+                unavailable_reason=_missing(state, lang),
             )
             for lang in LANGUAGES.values()
         ],
@@ -205,8 +209,18 @@ def _languages(state: AppState) -> LanguagesResult:
     )
 
 
+def _missing(state: AppState, lang: Language) -> str | None:
+    backend = state.running.backend if state.running is not None else None
+    if isinstance(backend, RuntimeProbe):
+        return backend.missing_runtime(lang.version_argv[0])
+    return None
+
+
 async def _details(state: AppState, name: str) -> LanguageDetails:
     lang = get_language(name)
+    missing = _missing(state, lang)
+    if missing is not None:
+        raise SandboxError(f"{lang.title} is not available on this server: {missing}")
     image = state.settings.image_for(lang.name)
     if image not in state.versions:
         state.versions[image] = await state.executor.probe_version(lang)
@@ -216,6 +230,8 @@ async def _details(state: AppState, name: str) -> LanguageDetails:
         image=image,
         package_manager=lang.package_manager,
         plots=lang.plots,
+        available=True,
+        unavailable_reason=None,
         version=state.versions[image],
         file_name=lang.file_name,
         library_syntax=lang.library_syntax,

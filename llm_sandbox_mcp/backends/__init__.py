@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from importlib import import_module
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Literal, Protocol, get_args, runtime_checkable
 
 from llm_sandbox_mcp.errors import BackendUnavailable
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, SandboxRef, SandboxSpec
@@ -39,6 +39,15 @@ class SandboxProcess(Protocol):
 
     async def aclose(self) -> None:
         """Close the streams. Does not wait for the process; `Backend.kill_all` or `destroy` ends it."""
+        ...
+
+
+@runtime_checkable
+class RuntimeProbe(Protocol):
+    """Implemented by backends that run the host's runtimes rather than images (bubblewrap)."""
+
+    def missing_runtime(self, executable: str) -> str | None:
+        """None when `executable` can run in this backend's sandboxes, else why not."""
         ...
 
 

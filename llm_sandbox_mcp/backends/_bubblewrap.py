@@ -32,6 +32,7 @@ from anyio.abc import Process
 
 from llm_sandbox_mcp.backends import _owner
 from llm_sandbox_mcp.backends._bwrap_argv import (
+    SANDBOX_PATH,
     exec_argv,
     generated_files,
     holder_argv,
@@ -444,6 +445,12 @@ class BubblewrapBackend:
             state_file.unlink(missing_ok=True)
             swept += 1
         return swept
+
+    def missing_runtime(self, executable: str) -> str | None:
+        """Why a language cannot run here: the host lacks its runtime (this backend uses the host's)."""
+        if shutil.which(executable, path=SANDBOX_PATH) is None:
+            return f"{executable} is not installed on this host (bubblewrap runs the host's own runtimes)"
+        return None
 
     async def describe(self) -> str:
         host = await self._host()

@@ -21,14 +21,14 @@ from pathlib import Path
 import anyio
 import pytest
 
-from llm_sandbox_mcp.backends import _bubblewrap, _owner
+from llm_sandbox_mcp.backends import _bubblewrap, _owner, load_backend
 from llm_sandbox_mcp.backends._bubblewrap import BubblewrapBackend
 from llm_sandbox_mcp.backends._bwrap_host import MIN_VERSION, cache_root, state_root, version_of
 from llm_sandbox_mcp.backends._cgroup import CgroupManager
 from llm_sandbox_mcp.backends._seccomp import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, DENIED, SYSCALLS
 from llm_sandbox_mcp.errors import SandboxFailure
 from llm_sandbox_mcp.models import CacheMount, ExecResult, Limits, SandboxRef, SandboxSpec
-from tests.engines.conftest import require
+from tests.engines.conftest import engine_settings, require
 
 pytestmark = [pytest.mark.anyio, pytest.mark.bubblewrap]
 
@@ -377,3 +377,17 @@ async def test_without_cgroups_rlimits_still_contain_bombs(without_cgroups: Bubb
         assert looping.timed_out
         await until(lambda: not host_processes(MARKER))
         assert (await backend.exec(ref, ["echo", "usable"], timeout=10)).stdout == b"usable\n"
+
+
+async def test_missing_host_runtimes_are_reported_by_name(request: pytest.FixtureRequest) -> None:
+    from llm_sandbox_mcp.backends import RuntimeProbe
+
+    await require(request, "bubblewrap")
+    backend = load_backend("bubblewrap", engine_settings("bubblewrap"))
+    try:
+        assert isinstance(backend, RuntimeProbe)
+        assert backend.missing_runtime("python3") is None
+        reason = backend.missing_runtime("no-such-runtime-zz9")
+        assert reason is not None and "no-such-runtime-zz9 is not installed on this host" in reason
+    finally:
+        await backend.aclose()

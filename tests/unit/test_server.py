@@ -235,3 +235,17 @@ async def test_a_compile_failure_is_a_result_in_phase_compile_without_the_marker
     assert result.structured_content is not None
     assert result.structured_content["phase"] == "compile"
     assert result.structured_content["stderr"] == "main.cpp:1: error: x\n"
+
+
+async def test_languages_the_backend_cannot_run_are_listed_as_unavailable_with_why() -> None:
+    class HostRuntimes(FakeBackend):
+        def missing_runtime(self, executable: str) -> str | None:
+            return f"{executable} is not installed" if executable == "python3" else None
+
+    async with Client(build_server(Settings(), HostRuntimes())) as client:
+        listed = await client.call_tool("get_supported_languages", {})
+        details = await client.call_tool("get_language_details", {"language": "python"})
+    assert listed.structured_content is not None
+    python = listed.structured_content["languages"][0]
+    assert python["available"] is False and python["unavailable_reason"] == "python3 is not installed"
+    assert details.is_error
