@@ -1,0 +1,717 @@
+"""The double's node: a kubelet that runs each pod as Docker containers and reports pod status.
+
+One pod = its init containers (run to completion, in order) then one main container. All Docker
+SDK calls run in the double's thread pool; all store updates happen on its event loop. A pod's
+`lock` serialises container creation against deletion, so a deleted pod never leaves a container.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import os
+import tarfile
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, TypeVar
+
+import docker
+import docker.errors
+from docker.models.containers import Container
+from docker.types import Mount
+
+from .docker_api import docker_api
+from .errors import bad_request
+from .objects import JsonObj, as_list, as_obj
+from .quantity import to_bytes
+from .store import NETWORK_POLICIES, PERSISTENT_VOLUME_CLAIMS, PODS, Store, now_rfc3339
+from .translate import (
+    SUPPORTED_VOLUMES,
+    ContainerConfigError,
+    RuntimeOptions,
+    VolumeBacking,
+    egress_denied,
+    plan_container,
+)
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+INSTANCE_LABEL = "k8s-double.instance"
+OWNER_LABEL = "k8s-double.owner-pid"  # lets a later run remove what a killed run left
+_HELPER_MOUNT = "k8s-double-volume"
+_DEADLINE_MESSAGE = "Pod was active on the node longer than the specified deadline"
+
+
+@dataclass(eq=False)
+class PodRuntime:
+    """What the node knows about one pod while it exists there."""
+
+    namespace: str
+    name: str
+    uid: str
+    claims: frozenset[str]
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    task: asyncio.Task[None] | None = None
+    deleted: bool = False
+    main_container: str | None = None
+    container_ids: dict[str, str] = field(default_factory=dict[str, str])
+
+
+def _condition(type_: str, status: bool, reason: str = "", message: str = "") -> JsonObj:
+    condition: JsonObj = {
+        "type": type_,
+        "status": "True" if status else "False",
+        "lastProbeTime": None,
+        "lastTransitionTime": now_rfc3339(),
+    }
+    if reason:
+        condition["reason"] = reason
+    if message:
+        condition["message"] = message
+    return condition
+
+
+def _container_status(
+    container: JsonObj, state: JsonObj, *, ready: bool = False, container_id: str = "", image_id: str = ""
+) -> JsonObj:
+    status: JsonObj = {
+        "name": container["name"],
+        "state": state,
+        "lastState": {},
+        "ready": ready,
+        "restartCount": 0,
+        "image": container["image"],
+        "imageID": image_id,
+        "started": "running" in state,
+    }
+    if container_id:
+        status["containerID"] = f"docker://{container_id}"
+    return status
+
+
+def _waiting(reason: str, message: str = "") -> JsonObj:
+    return {"waiting": {"reason": reason, **({"message": message} if message else {})}}
+
+
+def _terminated(exit_code: int, reason: str, started_at: str, container_id: str, message: str = "") -> JsonObj:
+    state: JsonObj = {
+        "exitCode": exit_code,
+        "reason": reason,
+        "startedAt": started_at,
+        "finishedAt": now_rfc3339(),
+        "containerID": f"docker://{container_id}",
+    }
+    if message:
+        state["message"] = message
+    return {"terminated": state}
+
+
+class DockerKubelet:
+    """Runs pods and PVC volumes in Docker for the double; every resource carries `INSTANCE_LABEL`."""
+
+    def __init__(
+        self,
+        store: Store,
+        client: docker.DockerClient,
+        executor: ThreadPoolExecutor,
+        *,
+        instance: str,
+        runtime_classes: Iterable[str],
+        options: RuntimeOptions,
+        default_network: str,
+        node_name: str = "k8s-double-node",
+    ) -> None:
+        self._store = store
+        self._docker = client
+        self._api = docker_api(client)
+        self._executor = executor
+        self._instance = instance
+        self._runtime_classes = frozenset(runtime_classes)
+        self._options = options
+        self._default_network = default_network
+        self.node_name = node_name
+        self._pods: dict[str, PodRuntime] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self._initialised_volumes: set[str] = set()
+
+    async def _run_sync(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args, **kwargs))
+
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {INSTANCE_LABEL: self._instance, OWNER_LABEL: str(os.getpid())}
+
+    # ---- PVCs -------------------------------------------------------------------------------------
+
+    def pvc_volume_name(self, pvc: JsonObj) -> str:
+        return f"k8sd-{self._instance[:8]}-pvc-{pvc['metadata']['uid']}"
+
+    async def create_pvc_volume(self, pvc: JsonObj) -> None:
+        metadata = pvc["metadata"]
+        labels = {
+            **self.labels,
+            "k8s-double.pvc.namespace": metadata["namespace"],
+            "k8s-double.pvc.name": metadata["name"],
+        }
+        await self._run_sync(self._docker.volumes.create, name=self.pvc_volume_name(pvc), driver="local", labels=labels)
+
+    def claim_in_use(self, namespace: str, claim: str) -> bool:
+        return any(rt.namespace == namespace and claim in rt.claims for rt in self._pods.values())
+
+    async def remove_pvc_volume(self, pvc: JsonObj) -> None:
+        name = self.pvc_volume_name(pvc)
+        await self._run_sync(_ignore_gone, self._api.remove_volume, name, force=True)
+        self._initialised_volumes.discard(name)
+
+    async def _finalize_claims(self, namespace: str) -> None:
+        """Remove PVCs whose deletion waited for their last pod (`kubernetes.io/pvc-protection`)."""
+        for pvc in self._store.list(PERSISTENT_VOLUME_CLAIMS, namespace):
+            metadata = pvc["metadata"]
+            if metadata.get("deletionTimestamp") and not self.claim_in_use(namespace, metadata["name"]):
+                await self.remove_pvc_volume(pvc)
+                if self._store.find(PERSISTENT_VOLUME_CLAIMS, namespace, metadata["name"]) is not None:
+                    self._store.delete(PERSISTENT_VOLUME_CLAIMS, namespace, metadata["name"])
+
+    # ---- pods: public ---------------------------------------------------------------------------
+
+    def start_pod(self, pod: JsonObj) -> None:
+        metadata = pod["metadata"]
+        claims = frozenset(
+            str(as_obj(v.get("persistentVolumeClaim")).get("claimName"))
+            for v in as_list(pod["spec"].get("volumes"))
+            if "persistentVolumeClaim" in v
+        )
+        runtime = PodRuntime(metadata["namespace"], metadata["name"], metadata["uid"], claims)
+        self._pods[runtime.uid] = runtime
+        runtime.task = self._spawn(self._run_pod(runtime))
+
+    def container_id(self, namespace: str, name: str) -> str | None:
+        for runtime in self._pods.values():
+            if (runtime.namespace, runtime.name) == (namespace, name) and not runtime.deleted:
+                return runtime.main_container
+        return None
+
+    def exec_target(self, pod: JsonObj, container: str | None) -> str:
+        """The Docker container to exec into, checked as the API server and kubelet check it.
+
+        Raises:
+            ApiError: 400 for an unknown container or a pod whose container is not running.
+        """
+        name = pod["metadata"]["name"]
+        main = pod["spec"]["containers"][0]["name"]
+        init_names = [c["name"] for c in as_list(pod["spec"].get("initContainers"))]
+        if container and container != main and container not in init_names:
+            raise bad_request(f"container {container} is not valid for pod {name}")
+        phase = pod["status"].get("phase")
+        if phase in ("Succeeded", "Failed"):
+            raise bad_request(f"cannot exec into a container in a completed pod; current phase is {phase}")
+        runtime = self._pods.get(pod["metadata"]["uid"])
+        target = container or main
+        container_id = runtime.container_ids.get(target) if runtime else None
+        statuses = as_list(pod["status"].get("containerStatuses")) + as_list(pod["status"].get("initContainerStatuses"))
+        running = any(s.get("name") == target and "running" in as_obj(s.get("state")) for s in statuses)
+        if container_id is None or not running:
+            raise bad_request(f'unable to upgrade connection: container not found ("{target}")')
+        return container_id
+
+    async def delete_pod(self, pod: JsonObj, grace_period: int | None) -> JsonObj:
+        """Delete a pod as the API server + kubelet do; returns the object for the DELETE response.
+
+        Grace 0 (or an unscheduled / finished pod) removes the object at once and the containers in the
+        background; otherwise the pod is Terminating until its container stops (SIGTERM, then SIGKILL
+        after the grace period), then DELETED.
+        """
+        metadata, spec = pod["metadata"], pod["spec"]
+        if metadata.get("deletionTimestamp"):
+            return pod
+        period = grace_period if grace_period is not None else int(spec.get("terminationGracePeriodSeconds", 30))
+        if not spec.get("nodeName") or pod["status"].get("phase") in ("Succeeded", "Failed"):
+            period = 0
+        runtime = self._pods.get(metadata["uid"])
+        if runtime is not None:
+            runtime.deleted = True
+        if period == 0:
+            deleted = self._store.delete(PODS, metadata["namespace"], metadata["name"])
+            if runtime is not None:
+                self._spawn(self._remove_pod(runtime, 0, delete_object=False))
+            return deleted
+        metadata["deletionTimestamp"] = now_rfc3339()
+        metadata["deletionGracePeriodSeconds"] = period
+        updated = self._store.replace(PODS, pod) or pod
+        if runtime is not None:
+            self._spawn(self._remove_pod(runtime, period, delete_object=True))
+        else:
+            self._store.delete(PODS, metadata["namespace"], metadata["name"])
+        return updated
+
+    async def logs(self, pod: JsonObj, container: str | None, tail_lines: int | None) -> bytes:
+        runtime = self._pods.get(pod["metadata"]["uid"])
+        target = container or pod["spec"]["containers"][0]["name"]
+        container_id = runtime.container_ids.get(target) if runtime else None
+        if container_id is None:
+            raise bad_request(
+                f'container "{target}" in pod "{pod["metadata"]["name"]}" is waiting to start: ContainerCreating'
+            )
+        tail: int | str = tail_lines if tail_lines is not None else "all"
+        return await self._run_sync(self._api.logs, container_id, stdout=True, stderr=True, tail=tail)
+
+    async def shutdown(self) -> None:
+        """Force-remove everything this node created (containers and volumes with the instance label)."""
+        for runtime in self._pods.values():
+            runtime.deleted = True
+            if runtime.task is not None:
+                runtime.task.cancel()
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        await self._run_sync(self._sweep)
+
+    def _sweep(self) -> None:
+        selector = {"label": f"{INSTANCE_LABEL}={self._instance}"}
+        for _ in range(100):  # a removal still running in another thread answers 409 until it is done
+            containers = self._api.containers(all=True, filters=selector)
+            volumes = as_list(self._api.volumes(filters=selector).get("Volumes"))
+            if not containers and not volumes:
+                return
+            for info in containers:
+                _ignore_gone(self._api.remove_container, info["Id"], force=True, v=True)
+            if not self._api.containers(all=True, filters=selector):
+                for volume in volumes:
+                    _ignore_gone(self._api.remove_volume, volume["Name"], force=True)
+            time.sleep(0.05)
+        raise RuntimeError(f"k8s double: could not remove the Docker resources labelled {selector['label']}")
+
+    # ---- pods: lifecycle -------------------------------------------------------------------------
+
+    def _update(self, runtime: PodRuntime, mutate: Callable[[JsonObj], None]) -> bool:
+        """Apply `mutate` to the stored pod and write it back; False once the pod is gone or deleting."""
+        if runtime.deleted:
+            return False
+        pod = self._store.find(PODS, runtime.namespace, runtime.name)
+        if pod is None or pod["metadata"]["uid"] != runtime.uid:
+            return False
+        mutate(pod)
+        return self._store.replace(PODS, pod) is not None
+
+    async def _run_pod(self, runtime: PodRuntime) -> None:
+        try:
+            await self._run_pod_steps(runtime)
+        except asyncio.CancelledError:
+            raise
+        except docker.errors.DockerException as exc:
+            logger.exception("k8s double: pod %s/%s failed in Docker", runtime.namespace, runtime.name)
+            message = str(exc)
+            self._update(
+                runtime, lambda pod: pod["status"].update(phase="Failed", reason="RunContainerError", message=message)
+            )
+
+    async def _run_pod_steps(self, runtime: PodRuntime) -> None:
+        pod = self._store.find(PODS, runtime.namespace, runtime.name)
+        if pod is None:
+            return
+        spec = pod["spec"]
+        init_containers, main = as_list(spec.get("initContainers")), spec["containers"][0]
+        for claim in sorted(runtime.claims):
+            pvc = self._store.find(PERSISTENT_VOLUME_CLAIMS, runtime.namespace, claim)
+            problem = (
+                "not found" if pvc is None else "is being deleted" if pvc["metadata"].get("deletionTimestamp") else ""
+            )
+            if problem:
+                message = f'0/1 nodes are available: persistentvolumeclaim "{claim}" {problem}.'
+                condition = _condition("PodScheduled", False, "Unschedulable", message)
+                self._update(runtime, partial(_set_condition, condition=condition))
+                return
+
+        def bind(p: JsonObj) -> None:
+            p["spec"]["nodeName"] = self.node_name
+            p["status"].update(
+                hostIP="127.0.0.1",
+                hostIPs=[{"ip": "127.0.0.1"}],
+                startTime=now_rfc3339(),
+                conditions=[
+                    _condition("PodReadyToStartContainers", False),
+                    _condition(
+                        "Initialized", not init_containers, "" if not init_containers else "ContainersNotInitialized"
+                    ),
+                    _condition(
+                        "Ready", False, "ContainersNotReady", f"containers with unready status: [{main['name']}]"
+                    ),
+                    _condition(
+                        "ContainersReady",
+                        False,
+                        "ContainersNotReady",
+                        f"containers with unready status: [{main['name']}]",
+                    ),
+                    _condition("PodScheduled", True),
+                ],
+                containerStatuses=[
+                    _container_status(main, _waiting("PodInitializing" if init_containers else "ContainerCreating"))
+                ],
+            )
+            if init_containers:
+                p["status"]["initContainerStatuses"] = [
+                    _container_status(c, _waiting("PodInitializing")) for c in init_containers
+                ]
+
+        if not self._update(runtime, bind):
+            return
+        runtime_class = spec.get("runtimeClassName")
+        if runtime_class and runtime_class not in self._runtime_classes:
+            message = (
+                f"Failed to create pod sandbox: rpc error: code = Unknown desc = failed to get sandbox runtime: "
+                f'no runtime for "{runtime_class}" is configured'
+            )
+            self._update(
+                runtime,
+                lambda p: _set_condition(
+                    p, _condition("PodReadyToStartContainers", False, "FailedCreatePodSandBox", message)
+                ),
+            )
+            return
+        backings = await self._prepare_volumes(runtime, pod)
+        if backings is None:
+            return
+        network_mode = "none" if self._egress_denied(pod) else self._default_network
+        self._update(runtime, lambda p: _set_condition(p, _condition("PodReadyToStartContainers", True)))
+        for index, init in enumerate(init_containers):
+            result = await self._start_container(runtime, pod, init, index, backings, network_mode)
+            if result is None:
+                return
+            container_id, started_at = result
+            exit_code, reason = await self._wait(container_id)
+            if runtime.deleted:
+                return
+            state = _terminated(exit_code, reason, started_at, container_id)
+            if exit_code != 0:
+                self._update(runtime, partial(_init_failed, index=index, state=state))
+                return
+            self._update(
+                runtime, partial(_set_status, key="initContainerStatuses", index=index, state=state, ready=True)
+            )
+        if init_containers:
+            self._update(runtime, lambda p: _set_condition(p, _condition("Initialized", True)))
+        result = await self._start_container(runtime, pod, main, None, backings, network_mode)
+        if result is None:
+            return
+        container_id, started_at = result
+        runtime.main_container = container_id
+        deadline = spec.get("activeDeadlineSeconds")
+        exit_code, reason = await self._wait(container_id, deadline)
+        if runtime.deleted:
+            return
+        if reason == "DeadlineExceeded":
+            self._update(
+                runtime,
+                partial(
+                    _finish,
+                    state=_terminated(exit_code, "Error", started_at, container_id),
+                    phase="Failed",
+                    reason="DeadlineExceeded",
+                    message=_DEADLINE_MESSAGE,
+                ),
+            )
+            return
+        self._update(
+            runtime,
+            partial(
+                _finish,
+                state=_terminated(exit_code, reason, started_at, container_id),
+                phase="Succeeded" if exit_code == 0 else "Failed",
+            ),
+        )
+
+    def _egress_denied(self, pod: JsonObj) -> bool:
+        policies = self._store.list(NETWORK_POLICIES, pod["metadata"]["namespace"])
+        return egress_denied(as_obj(pod["metadata"].get("labels")), policies)
+
+    async def _image_config(
+        self, runtime: PodRuntime, container: JsonObj, index: int | None
+    ) -> tuple[JsonObj, str] | None:
+        image = str(container["image"])
+        try:
+            info = await self._run_sync(self._api.inspect_image, image)
+        except docker.errors.ImageNotFound:
+            never = container.get("imagePullPolicy") == "Never"
+            reason = "ErrImageNeverPull" if never else "ErrImagePull"
+            message = (
+                f'Container image "{image}" is not present with pull policy of Never'
+                if never
+                else f'failed to pull image "{image}": the k8s test double cannot pull; build or import it locally'
+            )
+            self._update(
+                runtime, partial(_set_status, key=_status_key(index), index=index or 0, state=_waiting(reason, message))
+            )
+            return None
+        return as_obj(info.get("Config")), str(info.get("Id", ""))
+
+    async def _prepare_volumes(self, runtime: PodRuntime, pod: JsonObj) -> dict[str, VolumeBacking] | None:
+        spec = pod["spec"]
+        init_mounted = {
+            str(m.get("name")) for c in as_list(spec.get("initContainers")) for m in as_list(c.get("volumeMounts"))
+        }
+        fs_group = as_obj(spec.get("securityContext")).get("fsGroup")
+        backings: dict[str, VolumeBacking] = {}
+        to_initialise: list[tuple[str, bool]] = []  # (docker volume, first use?)
+        for volume in as_list(spec.get("volumes")):
+            name = str(volume["name"])
+            if "emptyDir" in volume:
+                empty_dir = as_obj(volume.get("emptyDir"))
+                size = to_bytes(empty_dir["sizeLimit"]) if empty_dir.get("sizeLimit") is not None else None
+                if name in init_mounted:
+                    docker_name = f"k8sd-{self._instance[:8]}-{runtime.uid[:8]}-{name}"
+                    labels = {**self.labels, "io.kubernetes.pod.uid": runtime.uid}
+                    await self._run_sync(self._docker.volumes.create, name=docker_name, driver="local", labels=labels)
+                    backings[name] = VolumeBacking("volume", docker_volume=docker_name)
+                    to_initialise.append((docker_name, True))
+                else:
+                    backings[name] = VolumeBacking("tmpfs", size_bytes=size)
+            elif "persistentVolumeClaim" in volume:
+                source = as_obj(volume["persistentVolumeClaim"])
+                pvc = self._store.find(PERSISTENT_VOLUME_CLAIMS, runtime.namespace, str(source.get("claimName")))
+                if pvc is None:
+                    return None
+                docker_name = self.pvc_volume_name(pvc)
+                backings[name] = VolumeBacking(
+                    "volume", docker_volume=docker_name, read_only=bool(source.get("readOnly"))
+                )
+                first_use = docker_name not in self._initialised_volumes
+                if first_use or fs_group is not None:
+                    to_initialise.append((docker_name, first_use))
+            elif not any(kind in volume for kind in SUPPORTED_VOLUMES):
+                continue  # reported when a container mounts it
+        if to_initialise:
+            first = (as_list(spec.get("initContainers")) or spec["containers"])[0]
+            if await self._image_config(runtime, first, 0 if spec.get("initContainers") else None) is None:
+                return None
+            for docker_name, _first_use in to_initialise:
+                await self._run_sync(self._set_volume_root, str(first["image"]), docker_name, fs_group)
+                self._initialised_volumes.add(docker_name)
+        return backings
+
+    def _set_volume_root(self, image: str, docker_name: str, fs_group: int | None) -> None:
+        """Give a volume's root the kubelet's permissions: 0777, or fsGroup-owned with setgid.
+
+        Uses a created-but-never-started helper container from the pod's own image, so no
+        extra image is needed: Docker applies a tar directory entry's mode and owner on copy-in.
+        """
+        helper = self._docker.containers.create(
+            image,
+            entrypoint=["/k8s-double-never-started"],
+            network_mode="none",
+            labels=self.labels,
+            mounts=[Mount(f"/{_HELPER_MOUNT}", docker_name, type="volume")],
+        )
+        try:
+            buffer = io.BytesIO()
+            with tarfile.open(fileobj=buffer, mode="w") as archive:
+                entry = tarfile.TarInfo(_HELPER_MOUNT)
+                entry.type = tarfile.DIRTYPE
+                entry.mode = 0o2777 if fs_group is not None else 0o777
+                entry.gid = fs_group if fs_group is not None else 0
+                entry.mtime = int(time.time())
+                archive.addfile(entry)
+            self._api.put_archive(str(helper.id), "/", buffer.getvalue())
+        finally:
+            helper.remove(force=True)
+
+    async def _start_container(
+        self,
+        runtime: PodRuntime,
+        pod: JsonObj,
+        container: JsonObj,
+        index: int | None,
+        backings: Mapping[str, VolumeBacking],
+        network_mode: str,
+    ) -> tuple[str, str] | None:
+        """Create and start one container; `(id, startedAt)`, or None when the pod cannot go on."""
+        key = _status_key(index)
+        image = await self._image_config(runtime, container, index)
+        if image is None:
+            return None
+        image_config, image_id = image
+        labels = {
+            **self.labels,
+            "io.kubernetes.pod.namespace": runtime.namespace,
+            "io.kubernetes.pod.name": runtime.name,
+            "io.kubernetes.pod.uid": runtime.uid,
+            "io.kubernetes.container.name": str(container["name"]),
+        }
+        try:
+            plan = plan_container(
+                pod,
+                container,
+                name=f"k8sd-{self._instance[:8]}-{runtime.uid[:8]}-{container['name']}",
+                image_config=image_config,
+                backings=backings,
+                network_mode=network_mode,
+                labels=labels,
+                options=self._options,
+            )
+        except ContainerConfigError as exc:
+            message = str(exc)
+            self._update(
+                runtime,
+                partial(_set_status, key=key, index=index or 0, state=_waiting("CreateContainerConfigError", message)),
+            )
+            return None
+        async with runtime.lock:
+            if runtime.deleted:
+                return None
+            step = "CreateContainerError"  # the kubelet's waiting reasons when the runtime refuses
+            try:
+                created: Container = await self._run_sync(self._docker.containers.create, plan.image, **plan.kwargs)
+                container_id = str(created.id)
+                runtime.container_ids[str(container["name"])] = container_id
+                step = "RunContainerError"
+                await self._run_sync(created.start)
+            except docker.errors.APIError as exc:
+                message = str(exc.explanation or exc)
+                self._update(runtime, partial(_set_status, key=key, index=index or 0, state=_waiting(step, message)))
+                return None
+            await self._run_sync(_restore_working_dir_mode, created, plan.kwargs)
+        started_at = now_rfc3339()
+        state = {"running": {"startedAt": started_at}}
+        self._update(
+            runtime,
+            partial(
+                _set_status,
+                key=key,
+                index=index or 0,
+                state=state,
+                ready=index is None,
+                container_id=container_id,
+                image_id=image_id,
+                running=index is None,
+            ),
+        )
+        return container_id, started_at
+
+    async def _wait(self, container_id: str, deadline: int | None = None) -> tuple[int, str]:
+        """Wait for a container to exit: (exit code, terminated reason)."""
+        try:
+            wait = self._run_sync(self._api.wait, container_id)
+            result = await asyncio.wait_for(wait, timeout=deadline) if deadline else await wait
+        except asyncio.TimeoutError:
+            await self._run_sync(self._api.kill, container_id)
+            result = await self._run_sync(self._api.wait, container_id)
+            return int(result.get("StatusCode", 137)), "DeadlineExceeded"
+        except docker.errors.NotFound:
+            return 137, "Error"
+        exit_code = int(result.get("StatusCode", -1))
+        try:
+            state = as_obj((await self._run_sync(self._api.inspect_container, container_id)).get("State"))
+        except docker.errors.NotFound:
+            return exit_code, "Error"
+        if state.get("OOMKilled"):
+            return exit_code, "OOMKilled"
+        return exit_code, "Completed" if exit_code == 0 else "Error"
+
+    async def _remove_pod(self, runtime: PodRuntime, grace_period: int, *, delete_object: bool) -> None:
+        async with runtime.lock:
+            runtime.deleted = True
+            if runtime.task is not None:
+                runtime.task.cancel()
+            await self._run_sync(self._remove_pod_resources, runtime.uid, grace_period)
+        self._pods.pop(runtime.uid, None)
+        if delete_object and self._store.find(PODS, runtime.namespace, runtime.name) is not None:
+            self._store.delete(PODS, runtime.namespace, runtime.name)
+        await self._finalize_claims(runtime.namespace)
+
+    def _remove_pod_resources(self, uid: str, grace_period: int) -> None:
+        filters = {"label": [f"{INSTANCE_LABEL}={self._instance}", f"io.kubernetes.pod.uid={uid}"]}
+        for info in self._api.containers(all=True, filters=filters):
+            if grace_period > 0 and info.get("State") == "running":
+                _ignore_gone(self._api.stop, info["Id"], timeout=grace_period)
+            _ignore_gone(self._api.remove_container, info["Id"], force=True, v=True)
+        for volume in as_list(self._api.volumes(filters=filters).get("Volumes")):
+            _ignore_gone(self._api.remove_volume, volume["Name"], force=True)
+
+
+def _restore_working_dir_mode(container: Container, kwargs: Mapping[str, Any]) -> None:
+    """Docker forces a tmpfs mounted at the working directory to 0755 root; the kubelet's emptyDir stays
+    world-writable. Restored (as root, with the image's `chmod`) before the pod is reported Running."""
+    working_dir = kwargs.get("working_dir")
+    tmpfs: Mapping[str, str] = kwargs.get("tmpfs") or {}
+    options = str(tmpfs.get(str(working_dir), "")).split(",")
+    mode = next((o.removeprefix("mode=") for o in options if o.startswith("mode=")), None)
+    if working_dir and mode and "ro" not in options:
+        container.exec_run(["chmod", mode, str(working_dir)], user="0")
+
+
+def _ignore_gone(remove: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    """Remove a Docker object; already gone or being removed elsewhere (404/409) is fine."""
+    try:
+        remove(*args, **kwargs)
+    except docker.errors.APIError as exc:
+        if exc.status_code not in (404, 409):
+            raise
+
+
+def _status_key(index: int | None) -> str:
+    return "containerStatuses" if index is None else "initContainerStatuses"
+
+
+def _set_condition(pod: JsonObj, condition: JsonObj) -> None:
+    conditions = [c for c in as_list(pod["status"].get("conditions")) if c.get("type") != condition["type"]]
+    pod["status"]["conditions"] = [*conditions, condition]
+
+
+def _set_status(
+    pod: JsonObj,
+    *,
+    key: str,
+    index: int,
+    state: JsonObj,
+    ready: bool = False,
+    container_id: str = "",
+    image_id: str = "",
+    running: bool = False,
+) -> None:
+    containers = as_list(pod["spec"].get("containers" if key == "containerStatuses" else "initContainers"))
+    statuses = as_list(pod["status"].get(key)) or [
+        _container_status(c, _waiting("PodInitializing")) for c in containers
+    ]
+    previous = as_obj(statuses[index])
+    statuses[index] = _container_status(
+        containers[index],
+        state,
+        ready=ready,
+        container_id=container_id or str(previous.get("containerID", "")).removeprefix("docker://"),
+        image_id=image_id or str(previous.get("imageID", "")),
+    )
+    pod["status"][key] = statuses
+    if running:
+        pod["status"]["phase"] = "Running"
+        for type_ in ("Ready", "ContainersReady"):
+            _set_condition(pod, _condition(type_, True))
+
+
+def _init_failed(pod: JsonObj, *, index: int, state: JsonObj) -> None:
+    _set_status(pod, key="initContainerStatuses", index=index, state=state)
+    if pod["spec"].get("restartPolicy") == "Never":
+        pod["status"]["phase"] = "Failed"
+    else:  # the kubelet would restart it with back-off; the double stops here
+        statuses = pod["status"]["initContainerStatuses"]
+        statuses[index]["lastState"] = state
+        statuses[index]["state"] = _waiting("CrashLoopBackOff", "the k8s test double does not restart containers")
+
+
+def _finish(pod: JsonObj, *, state: JsonObj, phase: str, reason: str = "", message: str = "") -> None:
+    _set_status(pod, key="containerStatuses", index=0, state=state)
+    pod["status"]["phase"] = phase
+    if reason:
+        pod["status"]["reason"] = reason
+        pod["status"]["message"] = message
+    for type_ in ("Ready", "ContainersReady"):
+        _set_condition(pod, _condition(type_, False, "PodCompleted"))

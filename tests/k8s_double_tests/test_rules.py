@@ -1,0 +1,217 @@
+"""The double's pure rules, table-driven: selectors, quantities, `$(VAR)` expansion, policies, exec frames."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tests.k8s_double.errors import ApiError
+from tests.k8s_double.exec_ws import exit_status, negotiate
+from tests.k8s_double.quantity import QuantityError, to_bytes, to_nano_cpus
+from tests.k8s_double.selectors import parse_label_selector, selector_from_object
+from tests.k8s_double.store import PODS, Store
+from tests.k8s_double.translate import (
+    ContainerConfigError,
+    RuntimeOptions,
+    egress_denied,
+    expand,
+    plan_container,
+    verify_run_as_non_root,
+)
+
+
+@pytest.mark.parametrize(
+    ("selector", "labels", "matches"),
+    [
+        ("app=web", {"app": "web"}, True),
+        ("app==web", {"app": "db"}, False),
+        ("app!=web", {}, True),
+        ("app in (web, db)", {"app": "db"}, True),
+        ("app notin (web)", {}, True),
+        ("tier", {"tier": ""}, True),
+        ("!tier", {"tier": "x"}, False),
+        ("app=web,tier in (a,b)", {"app": "web", "tier": "b"}, True),
+        ("example.com/owner=me", {"example.com/owner": "me"}, True),
+        ("n>3", {"n": "4"}, True),
+    ],
+)
+def test_label_selector_string_forms(selector: str, labels: dict[str, str], matches: bool) -> None:
+    assert parse_label_selector(selector).matches(labels) is matches
+
+
+@pytest.mark.parametrize("selector", ["app in web", "=x", "a=b=c", "app in (a"])
+def test_malformed_label_selector_is_a_400(selector: str) -> None:
+    with pytest.raises(ApiError) as caught:
+        parse_label_selector(selector)
+
+    assert caught.value.code == 400
+
+
+def test_label_selector_object_with_expressions_and_the_empty_selector() -> None:
+    selector = selector_from_object(
+        {"matchLabels": {"a": "1"}, "matchExpressions": [{"key": "b", "operator": "NotIn", "values": ["x"]}]}
+    )
+
+    assert selector.matches({"a": "1", "b": "y"})
+    assert not selector.matches({"a": "1", "b": "x"})
+    assert selector_from_object({}).matches({"anything": "at all"})
+
+
+@pytest.mark.parametrize(
+    ("quantity", "expected"),
+    [
+        ("128Mi", 128 * 2**20),
+        ("1Gi", 2**30),
+        ("500k", 500_000),
+        ("1M", 10**6),
+        ("1e3", 1000),
+        (512, 512),
+        ("0.5Ki", 512),
+    ],
+)
+def test_memory_quantities_in_bytes(quantity: str | int, expected: int) -> None:
+    assert to_bytes(quantity) == expected
+
+
+@pytest.mark.parametrize(("quantity", "expected"), [("500m", 500_000_000), ("2", 2_000_000_000), ("0.25", 250_000_000)])
+def test_cpu_quantities_in_nano_cpus(quantity: str, expected: int) -> None:
+    assert to_nano_cpus(quantity) == expected
+
+
+@pytest.mark.parametrize("quantity", ["128K", "12 Mi", "Mi", "1.2.3", "-"])
+def test_quantities_kubernetes_rejects(quantity: str) -> None:
+    with pytest.raises(QuantityError):
+        to_bytes(quantity)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("$(A)-$(B)", "1-$(B)"),
+        ("$$(A)", "$(A)"),
+        ("$$", "$"),
+        ("cost: $5", "cost: $5"),
+        ("$(A", "$(A"),
+        ("tail$", "tail$"),
+    ],
+)
+def test_kubernetes_variable_expansion(text: str, expected: str) -> None:
+    assert expand(text, {"A": "1"}) == expected
+
+
+def _pod(**security: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+        "spec": {"securityContext": security, "containers": [{"name": "main", "image": "img"}]},
+    }
+
+
+@pytest.mark.parametrize(
+    ("security", "image_user", "message"),
+    [
+        ({"runAsNonRoot": True}, "", "image will run as root"),
+        ({"runAsNonRoot": True}, "0", "image will run as root"),
+        ({"runAsNonRoot": True}, "app", "image has non-numeric user (app)"),
+        ({"runAsNonRoot": True, "runAsUser": 0}, "1000", "runAsUser breaks non-root policy"),
+        ({"runAsNonRoot": True}, "1000:1000", None),
+        ({"runAsNonRoot": True, "runAsUser": 10}, "", None),
+        ({}, "", None),
+    ],
+)
+def test_run_as_non_root_check_matches_the_kubelet(
+    security: dict[str, Any], image_user: str, message: str | None
+) -> None:
+    pod = _pod(**security)
+    if message is None:
+        verify_run_as_non_root(pod, pod["spec"]["containers"][0], image_user)
+        return
+    with pytest.raises(ContainerConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        verify_run_as_non_root(pod, pod["spec"]["containers"][0], image_user)
+
+
+def _plan(pod: dict[str, Any], **options: Any) -> dict[str, Any]:
+    return plan_container(
+        pod,
+        pod["spec"]["containers"][0],
+        name="c",
+        image_config={"User": "", "Env": ["PATH=/bin"]},
+        backings={},
+        network_mode="none",
+        labels={},
+        options=RuntimeOptions(**options),
+    ).kwargs
+
+
+def test_seccomp_follows_the_kubelet_default_unless_the_pod_asks() -> None:
+    assert _plan(_pod())["security_opt"] == ["seccomp=unconfined"]
+    assert _plan(_pod(), seccomp_default=True)["security_opt"] is None
+    assert _plan(_pod(seccompProfile={"type": "RuntimeDefault"}))["security_opt"] is None
+
+
+def test_resources_and_user_translate_to_docker_arguments() -> None:
+    pod = _pod(runAsUser=1000, runAsGroup=2000, fsGroup=3000)
+    pod["spec"]["containers"][0]["resources"] = {
+        "limits": {"memory": "64Mi", "cpu": "1500m"},
+        "requests": {"cpu": "250m"},
+    }
+
+    kwargs = _plan(pod, pids_limit=64)
+
+    assert kwargs["user"] == "1000:2000" and kwargs["group_add"] == ["3000"]
+    assert kwargs["mem_limit"] == kwargs["memswap_limit"] == 64 * 2**20
+    assert kwargs["nano_cpus"] == 1_500_000_000 and kwargs["cpu_shares"] == 256
+    assert kwargs["pids_limit"] == 64
+
+
+EGRESS_CASES: list[tuple[list[dict[str, Any]], bool]] = [
+    ([], False),
+    ([{"spec": {"podSelector": {}, "policyTypes": ["Egress"]}}], True),
+    ([{"spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}], False),
+    ([{"spec": {"podSelector": {"matchLabels": {"role": "other"}}, "policyTypes": ["Egress"]}}], False),
+    (
+        [
+            {"spec": {"podSelector": {}, "policyTypes": ["Egress"]}},
+            {"spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": [{}]}},
+        ],
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize(("policies", "denied"), EGRESS_CASES)
+def test_egress_is_denied_only_when_a_selecting_policy_allows_nothing(
+    policies: list[dict[str, Any]], denied: bool
+) -> None:
+    assert egress_denied({"role": "sandbox"}, policies) is denied
+
+
+def test_sub_protocol_is_the_first_the_client_offers_that_the_double_speaks() -> None:
+    assert negotiate("v5.channel.k8s.io,v4.channel.k8s.io") == "v5.channel.k8s.io"
+    assert negotiate("base64.channel.k8s.io, v4.channel.k8s.io") == "v4.channel.k8s.io"
+    assert negotiate(None) == ""
+    with pytest.raises(ApiError):
+        negotiate("v9.channel.k8s.io")
+
+
+def test_exit_status_frames_are_the_kubelet_v4_status() -> None:
+    assert exit_status(["true"], 0) == {"metadata": {}, "status": "Success"}
+    failure = exit_status(["sh", "-c", "exit 2"], 2)
+    assert failure["reason"] == "NonZeroExitCode"
+    assert failure["details"] == {"causes": [{"reason": "ExitCode", "message": "2"}]}
+
+
+def test_watch_from_a_version_older_than_the_history_is_410_expired() -> None:
+    async def scenario() -> None:
+        store = Store(history=2)
+        for name in ("a", "b", "c"):
+            store.create(PODS, "ns", {"metadata": {"name": name}})
+        with pytest.raises(ApiError) as caught:
+            store.watch(PODS, "ns", lambda _: True, since="1")
+        assert caught.value.code == 410
+        recent = store.watch(PODS, "ns", lambda _: True, since=str(int(store.resource_version) - 1))
+        event = recent.queue.get_nowait()
+        assert event is not None and event.object["metadata"]["name"] == "c"
+
+    asyncio.run(scenario())
