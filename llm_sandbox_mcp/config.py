@@ -45,7 +45,21 @@ def _split_commas(value: object) -> object:
     return value
 
 
+def _split_pairs(value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    pairs: dict[str, str] = {}
+    for item in (part.strip() for part in value.split(",")):
+        key, equals, setting = item.partition("=")
+        if item and (not equals or not key.strip()):
+            raise ValueError("expected key=value pairs separated by commas, e.g. pool=sandbox,kubernetes.io/arch=amd64")
+        if item:
+            pairs[key.strip()] = setting.strip()
+    return pairs
+
+
 CommaList = Annotated[list[str], NoDecode, BeforeValidator(_split_commas)]
+KeyValues = Annotated[dict[str, str], NoDecode, BeforeValidator(_split_pairs)]
 Size = Annotated[int, BeforeValidator(parse_size)]
 
 
@@ -90,6 +104,13 @@ class Settings(BaseSettings):
     sandbox_artifact_limit: Size = 4 * 1024**2
     sandbox_log_level: LogLevel = "INFO"
     sandbox_bwrap_path: Path | None = None
+    sandbox_k8s_runtime_class: str | None = None
+    sandbox_k8s_node_selector: KeyValues = Field(default_factory=lambda: {})
+    sandbox_k8s_pod_template: Path | None = None
+    sandbox_k8s_start_timeout: PositiveFloat = 120.0
+    sandbox_k8s_cache_size: Size = 2 * 1024**3
+    sandbox_k8s_cache_storage_class: str | None = None
+    sandbox_k8s_cache_access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = "ReadWriteOnce"
     sandbox_max_sessions: PositiveInt = 8
     sandbox_session_idle_ttl: PositiveFloat = 1800.0
     sandbox_session_max_lifetime: PositiveFloat = 8 * 3600.0
@@ -114,6 +135,8 @@ class Settings(BaseSettings):
             raise ValueError("SANDBOX_USER must be a numeric uid or uid:gid, e.g. 65534:65534")
         if self.sandbox_install_ca_bundle is not None and not self.sandbox_install_ca_bundle.is_file():
             raise ValueError("SANDBOX_INSTALL_CA_BUNDLE must name a readable PEM file")
+        if self.sandbox_k8s_pod_template is not None and not self.sandbox_k8s_pod_template.is_file():
+            raise ValueError("SANDBOX_K8S_POD_TEMPLATE must name a readable YAML or JSON pod manifest")
         if self.sandbox_user.split(":")[0] == "0":
             raise ValueError("SANDBOX_USER must not be root (uid 0); user code never runs as root")
         return self

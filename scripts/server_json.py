@@ -13,12 +13,12 @@ ROOT = Path(__file__).resolve().parents[1]
 BOOLEANS = {"SANDBOX_READ_ONLY", "SANDBOX_PRIVILEGED", "COMMIT_CONTAINER", "KEEP_TEMPLATE"}
 NUMBERS = re.compile(
     r"^(SANDBOX_(TIMEOUT|MAX_TIMEOUT|INSTALL_TIMEOUT|CPUS|CPU_COUNT|PIDS_LIMIT|NOFILE_LIMIT|POOL_SIZE"
-    r"|MAX_CONCURRENCY|MAX_SESSIONS|SESSION_IDLE_TTL|SESSION_MAX_LIFETIME|SESSION_MAX_CPUS))$"
+    r"|MAX_CONCURRENCY|MAX_SESSIONS|SESSION_IDLE_TTL|SESSION_MAX_LIFETIME|SESSION_MAX_CPUS|K8S_START_TIMEOUT))$"
 )
 
 
 def main() -> None:
-    rows = re.findall(r"^\| `([A-Z_]+)` \| (.*?) \| (.*) \|$", (ROOT / "README.md").read_text(), flags=re.MULTILINE)
+    rows = re.findall(r"^\| `([A-Z0-9_]+)` \| (.*?) \| (.*) \|$", (ROOT / "README.md").read_text(), flags=re.MULTILINE)
     variables: list[dict[str, object]] = []
     for name, default, meaning in rows:
         item: dict[str, object] = {

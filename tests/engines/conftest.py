@@ -7,7 +7,7 @@ so CI can never pass by skipping.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -19,8 +19,9 @@ from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxError
 from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, SandboxRef, SandboxSpec
+from tests.engines import kube
 
-ENGINES = ("docker", "bubblewrap")
+ENGINES = ("docker", "bubblewrap", "kubernetes")
 # The host's trust store: behind a TLS-inspecting proxy the images' own bundles are not enough to install.
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
@@ -32,7 +33,7 @@ async def _probe(name: str) -> str | None:
     """None when the engine answers, else why not."""
     if name not in _probed:
         try:
-            backend = load_backend(name, Settings(backend=name))  # type: ignore[arg-type]
+            backend = load_backend(name, engine_settings(name))
             try:
                 await backend.describe()
                 _probed[name] = None
@@ -62,6 +63,8 @@ def engine_settings(name: str, **overrides: Any) -> Settings:
     base: dict[str, Any] = {"backend": name, "sandbox_pool_size": 0, "sandbox_install_network_mode": "host"}
     if os.path.isfile(HOST_CA_BUNDLE):
         base["sandbox_install_ca_bundle"] = HOST_CA_BUNDLE
+    if name == "kubernetes":
+        base["kubeconfig"] = kube.kubeconfig()
     return Settings(**{**base, **overrides})
 
 
@@ -120,6 +123,12 @@ class RecordingBackend:
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kube_double_stopped() -> Iterator[None]:
+    yield
+    kube.stop()
 
 
 @pytest.fixture(params=[pytest.param(name, marks=getattr(pytest.mark, name)) for name in ENGINES])

@@ -111,7 +111,7 @@ def test_sizes_in_docker_and_kubernetes_notation(text: str, expected: int) -> No
 
 
 def test_readme_documents_every_variable() -> None:
-    documented = set(re.findall(r"^\| `([A-Z_]+)`", README.read_text(), flags=re.MULTILINE))
+    documented = set(re.findall(r"^\| `([A-Z0-9_]+)`", README.read_text(), flags=re.MULTILINE))
     declared = {env_name(name) for name in Settings.model_fields} | {"SANDBOX_MEMORY"}
     assert documented == declared
 
@@ -121,7 +121,7 @@ def test_server_json_declares_every_variable_with_the_readme_default() -> None:
     package = manifest["packages"][0]
     assert package["registryType"] == "pypi" and package["transport"] == {"type": "stdio"}
     declared = {item["name"]: item.get("default") for item in package["environmentVariables"]}
-    rows = re.findall(r"^\| `([A-Z_]+)` \| (.*?) \|", README.read_text(), flags=re.MULTILINE)
+    rows = re.findall(r"^\| `([A-Z0-9_]+)` \| (.*?) \|", README.read_text(), flags=re.MULTILINE)
     documented = {name: default.strip("`") for name, default in rows}
     assert set(declared) == set(documented)
     for name, default in declared.items():

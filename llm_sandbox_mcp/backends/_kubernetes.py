@@ -1,0 +1,379 @@
+"""Kubernetes backend: one hardened pod per sandbox, processes over the `pods/exec` WebSocket.
+
+The client is wrapped in `_k8s_api` (typed, blocking, plain JSON) and every call runs in a worker thread; the
+objects come from `_k8s_pod` and exec frames are handled in `_k8s_exec`.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from llm_sandbox_mcp.backends import _owner
+from llm_sandbox_mcp.backends._hardening import CACHE_PREFIX, KILL_ALL
+from llm_sandbox_mcp.backends._k8s_api import ApiFailure, Cluster, connect
+from llm_sandbox_mcp.backends._k8s_exec import ExecRefused, ExecStream, WebSocketProcess, exit_code, pump, wrap
+from llm_sandbox_mcp.backends._k8s_pod import (
+    CONTAINER,
+    EXPIRES,
+    POLICY_NAME,
+    CacheClaim,
+    Json,
+    PodOptions,
+    cache_claim,
+    items,
+    load_template,
+    network_policy,
+    owner_info,
+    owner_metadata,
+    pending_reason,
+    pod_manifest,
+    security_context,
+    started,
+)
+from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.errors import BackendUnavailable, SandboxFailure
+from llm_sandbox_mcp.models import WORKDIR, ExecResult, HeadTail, SandboxRef, SandboxSpec
+
+logger = logging.getLogger(__name__)
+
+_KILL_SECONDS = 10.0
+_MIN_TTL = 24 * 3600
+_RBAC_HINT = "the server's identity needs the Role in the README's Kubernetes section"
+
+
+class KubernetesBackend:
+    """Sandboxes as pods in one namespace. Every client call runs in a worker thread."""
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        kubeconfig: Path | None,
+        namespace: str,
+        pod_options: PodOptions,
+        claim: CacheClaim,
+        start_timeout: float,
+        ttl_seconds: float,
+    ) -> None:
+        self.namespace = namespace
+        self._kubeconfig = kubeconfig
+        self._pod_options = pod_options
+        self._claim = claim
+        self._start_timeout = start_timeout
+        self._ttl = ttl_seconds
+        self._cluster: Cluster | None = None
+        self._connect_lock = threading.Lock()
+        self._policy_lock = threading.Lock()
+        self._policy_ensured = False
+        self._live: set[str] = set()
+
+    def _connection(self) -> Cluster:
+        with self._connect_lock:
+            if self._cluster is None:
+                self._cluster = connect(self._kubeconfig)
+            return self._cluster
+
+    def _call(self, api: str, method: str, *args: Any, **kwargs: Any) -> Json:
+        return self._connection().call(api, method, *args, **kwargs)
+
+    def _open_exec(self, pod: str, argv: Sequence[str], stdin: bool) -> ExecStream:
+        """Raises SandboxFailure: the sandbox is gone, or the cluster refuses the exec."""
+        try:
+            return self._connection().open_exec(self.namespace, pod, CONTAINER, argv, stdin)
+        except ApiFailure as exc:
+            if exc.status == 404:
+                raise SandboxFailure(f"The sandbox {pod} is gone (its pod was deleted)") from exc
+            hint = f"; {_RBAC_HINT}" if exc.status in (401, 403) else ""
+            raise SandboxFailure(f"Kubernetes could not run a process in sandbox {pod}: {exc.message}{hint}") from exc
+
+    # ---- create ---------------------------------------------------------------------------------
+
+    async def create(self, spec: SandboxSpec) -> SandboxRef:
+        name = await anyio.to_thread.run_sync(self._create, spec)
+        return SandboxRef(id=name, spec=spec)
+
+    def _create(self, spec: SandboxSpec) -> str:
+        self._ensure_policy()
+        if spec.cache is not None and spec.cache.writable:
+            self._ensure_claim(spec.cache.key)
+        name = f"llm-sandbox-{_owner.INSTANCE_ID}-{secrets.token_hex(4)}"
+        labels, annotations = owner_metadata("sandbox", int(time.time() + self._ttl))
+        manifest = pod_manifest(name, spec, labels, annotations, self._pod_options)
+        try:
+            created = self._call("core", "create_namespaced_pod", self.namespace, manifest)
+        except ApiFailure as exc:
+            hint = f"; {_RBAC_HINT}" if exc.status in (401, 403) else ""
+            raise SandboxFailure(f"Kubernetes refused the sandbox pod for {spec.image!r}: {exc.message}{hint}") from exc
+        except ValueError as exc:  # recent clients validate bodies against their models: SANDBOX_K8S_POD_TEMPLATE
+            raise SandboxFailure(f"The Kubernetes client refused the sandbox pod manifest: {exc}") from exc
+        self._live.add(name)
+        try:
+            self._wait_running(name, created)
+        except BaseException:
+            self._delete(name)
+            raise
+        return name
+
+    def _wait_running(self, name: str, pod: Json) -> None:
+        """Return once the pod runs; raise ImageMissing/SandboxFailure when it cannot, or at the start timeout."""
+        deadline = time.monotonic() + self._start_timeout
+        while not started(pod):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise SandboxFailure(
+                    f"The sandbox pod {name} did not start within {self._start_timeout:g} s "
+                    f"(SANDBOX_K8S_START_TIMEOUT): {pending_reason(pod)}"
+                )
+            pod = self._follow(name, pod, remaining)
+
+    def _follow(self, name: str, pod: Json, timeout: float) -> Json:
+        """Watch the pod until it has started (`started` raises when it cannot) or the watch ends; then the
+        latest version of the pod."""
+        version = str(pod.get("metadata", {}).get("resourceVersion", ""))
+        for kind, obj in self._connection().watch_pod(self.namespace, name, version, timeout):
+            if kind == "DELETED":
+                raise SandboxFailure(f"The sandbox pod {name} was deleted while it started")
+            if kind not in ("ADDED", "MODIFIED"):
+                break  # ERROR (an expired version): read the pod instead
+            if started(obj):
+                return obj
+        try:
+            return self._call("core", "read_namespaced_pod", name, self.namespace)
+        except ApiFailure as exc:
+            raise SandboxFailure(f"The sandbox pod {name} disappeared while it started: {exc.message}") from exc
+
+    def _ensure_policy(self) -> None:
+        """Create the deny-all NetworkPolicy once; when RBAC refuses, warn once: pods get the cluster's network."""
+        with self._policy_lock:
+            if self._policy_ensured:
+                return
+            try:
+                self._call("networking", "create_namespaced_network_policy", self.namespace, network_policy())
+            except ApiFailure as exc:
+                if exc.status in (401, 403, 404):
+                    logger.warning(
+                        "Could not create the NetworkPolicy %s in namespace %s (%s). Sandbox pods get the "
+                        "cluster's default network unless a policy denies it; %s.",
+                        POLICY_NAME,
+                        self.namespace,
+                        exc.message,
+                        _RBAC_HINT,
+                    )
+                elif exc.status != 409:
+                    raise SandboxFailure(f"Kubernetes refused the sandbox NetworkPolicy: {exc.message}") from exc
+            self._policy_ensured = True
+
+    def _ensure_claim(self, key: str) -> None:
+        try:
+            self._call(
+                "core", "create_namespaced_persistent_volume_claim", self.namespace, cache_claim(key, self._claim)
+            )
+        except ApiFailure as exc:
+            if exc.status != 409:
+                raise SandboxFailure(
+                    f"Kubernetes refused the library cache volume {CACHE_PREFIX + key}: {exc.message}"
+                ) from exc
+
+    # ---- processes ------------------------------------------------------------------------------
+
+    async def exec(
+        self,
+        ref: SandboxRef,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        stdin: bytes = b"",
+        env: Mapping[str, str] | None = None,
+        workdir: PurePosixPath = WORKDIR,
+        output_limit: int | None = None,
+    ) -> ExecResult:
+        return await anyio.to_thread.run_sync(
+            self._exec, ref, list(argv), timeout, stdin, dict(env or {}), workdir, output_limit
+        )
+
+    def _exec(
+        self,
+        ref: SandboxRef,
+        argv: list[str],
+        timeout: float,
+        stdin: bytes,
+        env: dict[str, str],
+        workdir: PurePosixPath,
+        output_limit: int | None,
+    ) -> ExecResult:
+        begun = time.monotonic()
+        # Input goes through `head -c N`, so the command sees end of file whatever the protocol: v4 cannot say
+        # "end of stdin", and the API servers behind one address may not all speak v5.
+        command = wrap(argv, env, workdir, ref.spec.limits.nofile, len(stdin) if stdin else None)
+        exec_stream = self._open_exec(ref.id, command, stdin=bool(stdin))
+        out, err = HeadTail(output_limit), HeadTail(output_limit)
+        try:
+            status, timed_out = pump(
+                exec_stream, stdin or None, out, err, begun + timeout, lambda: self._kill_all(ref.id)
+            )
+        finally:
+            exec_stream.close()
+        try:
+            code = exit_code(status)
+        except ExecRefused as exc:
+            raise SandboxFailure(f"Kubernetes could not run {argv[0]!r} in sandbox {ref.id}: {exc}") from exc
+        if code is None:  # the stream ended without a status: the pod, or the connection, went away
+            if not timed_out:
+                self._check_running(ref.id)
+            code = 137 if timed_out else -1
+        return ExecResult(
+            exit_code=code,
+            stdout=out.getvalue(),
+            stderr=err.getvalue(),
+            timed_out=timed_out,
+            truncated=out.truncated or err.truncated,
+            duration_ms=(time.monotonic() - begun) * 1000,
+        )
+
+    def _check_running(self, name: str) -> None:
+        """Raise SandboxFailure when the pod is gone or no longer running."""
+        try:
+            pod = self._call("core", "read_namespaced_pod", name, self.namespace)
+        except ApiFailure as exc:
+            raise SandboxFailure(f"The sandbox {name} is gone ({exc.message})") from exc
+        if pod.get("status", {}).get("phase") != "Running" or pod.get("metadata", {}).get("deletionTimestamp"):
+            raise SandboxFailure(f"The sandbox {name} stopped: {pending_reason(pod)}")
+
+    async def start(
+        self,
+        ref: SandboxRef,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        workdir: PurePosixPath = WORKDIR,
+    ) -> WebSocketProcess:
+        command = wrap(argv, dict(env or {}), workdir, ref.spec.limits.nofile)
+        exec_stream = await anyio.to_thread.run_sync(self._open_exec, ref.id, command, True)
+        return WebSocketProcess(exec_stream)
+
+    async def kill_all(self, ref: SandboxRef) -> None:
+        await anyio.to_thread.run_sync(self._kill_all, ref.id)
+
+    def _kill_all(self, name: str) -> None:
+        """Kill every process of the sandbox user; PID 1 (the idle sleeper) is immune, so the pod stays."""
+        try:
+            exec_stream = self._open_exec(name, KILL_ALL, stdin=False)
+        except SandboxFailure as exc:
+            logger.warning("Could not kill the processes in %s (%s); deleting it", name, exc)
+            self._delete(name)
+            return
+        try:
+            sink = HeadTail(4096)
+            pump(exec_stream, None, sink, sink, time.monotonic() + _KILL_SECONDS, lambda: None)
+        finally:
+            exec_stream.close()
+
+    # ---- removal --------------------------------------------------------------------------------
+
+    async def destroy(self, ref: SandboxRef) -> None:
+        await anyio.to_thread.run_sync(self._delete, ref.id)
+
+    def _delete(self, name: str) -> None:
+        self._live.discard(name)
+        try:
+            self._call("core", "delete_namespaced_pod", name, self.namespace, grace_period_seconds=0)
+        except ApiFailure as exc:
+            if exc.status != 404:
+                logger.warning("Could not delete sandbox pod %s: %s", name, exc.message)
+
+    async def drop_cache(self, key: str) -> None:
+        await anyio.to_thread.run_sync(self._drop_cache, key)
+
+    def _drop_cache(self, key: str) -> None:
+        try:
+            self._call("core", "delete_namespaced_persistent_volume_claim", CACHE_PREFIX + key, self.namespace)
+        except ApiFailure as exc:
+            if exc.status != 404:
+                logger.warning("Could not delete library cache volume %s: %s", CACHE_PREFIX + key, exc.message)
+
+    async def sweep(self) -> int:
+        return await anyio.to_thread.run_sync(self._sweep)
+
+    def _sweep(self) -> int:
+        listing = self._call("core", "list_namespaced_pod", self.namespace, label_selector=f"{_owner.MANAGED}=true")
+        stale = [str(pod["metadata"]["name"]) for pod in items(listing) if _is_stale(owner_info(pod))]
+        for name in stale:
+            self._delete(name)
+        return len(stale)
+
+    # ---- about ----------------------------------------------------------------------------------
+
+    async def describe(self) -> str:
+        return await anyio.to_thread.run_sync(self._describe)
+
+    def _describe(self) -> str:
+        try:
+            version = self._call("version", "get_code")
+        except ApiFailure as exc:
+            raise BackendUnavailable(f"The Kubernetes API server refused to say its version: {exc.message}") from exc
+        cluster = self._connection()
+        return (
+            f"Kubernetes {version.get('gitVersion', '?')} at {cluster.host} ({cluster.source}), "
+            f"namespace {self.namespace}, {self._policy_state()}"
+        )
+
+    def _policy_state(self) -> str:
+        try:
+            self._call("networking", "read_namespaced_network_policy", POLICY_NAME, self.namespace)
+        except ApiFailure as exc:
+            if exc.status == 404:
+                return f"NetworkPolicy {POLICY_NAME} not yet created (created at first use when RBAC allows)"
+            return f"NetworkPolicy {POLICY_NAME} unknown ({exc.message})"
+        return f"NetworkPolicy {POLICY_NAME} in place"
+
+    async def aclose(self) -> None:
+        await anyio.to_thread.run_sync(self._close)
+
+    def _close(self) -> None:
+        for name in list(self._live):
+            self._delete(name)
+        with self._connect_lock:
+            if self._cluster is not None:
+                self._cluster.close()
+                self._cluster = None
+
+
+def _is_stale(metadata: Mapping[str, str]) -> bool:
+    """Owned by a server on this host that is gone, or by one elsewhere (unverifiable) and past its TTL."""
+    if _owner.owner_is_gone(metadata):
+        return True
+    if metadata.get(_owner.INSTANCE) == _owner.INSTANCE_ID or metadata.get(_owner.HOST) == socket.gethostname():
+        return False
+    try:
+        return int(metadata.get(EXPIRES, "")) < time.time()
+    except ValueError:
+        return False
+
+
+def from_settings(settings: Settings) -> KubernetesBackend:
+    """Raises BackendUnavailable for a SANDBOX_SECURITY_OPT or pod template that cannot apply to pods."""
+    try:
+        security_context(settings.sandbox_security_opt)
+        template = load_template(settings.sandbox_k8s_pod_template) if settings.sandbox_k8s_pod_template else None
+    except ValueError as exc:
+        raise BackendUnavailable(str(exc)) from exc
+    options = PodOptions(settings.sandbox_k8s_runtime_class, dict(settings.sandbox_k8s_node_selector), template)
+    claim = CacheClaim(
+        settings.sandbox_k8s_cache_size,
+        settings.sandbox_k8s_cache_storage_class,
+        settings.sandbox_k8s_cache_access_mode,
+    )
+    ttl = max(_MIN_TTL, settings.sandbox_session_max_lifetime + 3600)
+    return KubernetesBackend(
+        settings.kubeconfig, settings.namespace, options, claim, settings.sandbox_k8s_start_timeout, ttl
+    )
