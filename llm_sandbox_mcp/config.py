@@ -101,6 +101,12 @@ class Settings(BaseSettings):
     sandbox_install_network_mode: str | None = None
     sandbox_install_ca_bundle: Path | None = None
     sandbox_pip_index_url: str | None = None
+    sandbox_npm_registry: str | None = None
+    sandbox_goproxy: str | None = None
+    sandbox_gosumdb: str | None = None
+    sandbox_cran_repo: str | None = None
+    sandbox_gem_source: str | None = None
+    sandbox_maven_repo: str | None = None
     sandbox_artifact_limit: Size = 4 * 1024**2
     sandbox_log_level: LogLevel = "INFO"
     sandbox_bwrap_path: Path | None = None

@@ -156,7 +156,7 @@ class Executor:
         source = self.check_code(code)
         specs = lang.check_libraries(libraries or [])
         async with self._limiter:
-            cache_key = await self.ensure_libraries(lang, specs) if specs else None
+            cache_key = await self.ensure_libraries(lang, specs) if specs or lang.warm_cache else None
             lease = await self.pool.acquire(WarmKey(lang.name, self.spec_for(lang, cache_key)))
             try:
                 result, artifacts, _ = await self.run_in(lease, lang, source, seconds, inline=False)
@@ -275,6 +275,7 @@ class Executor:
                 memory_bytes=max(self.limits.memory_bytes, 2 * 1024**3),
                 tmp_bytes=max(self.limits.tmp_bytes, 2 * 1024**3),
                 pids=max(self.limits.pids, 512),
+                cpus=max(self.limits.cpus, 2.0),
             )
             spec = SandboxSpec(self.settings.image_for(lang.name), install_limits, CacheMount(key, writable=True))
             try:

@@ -81,7 +81,7 @@ class SessionRegistry:
         limits = self._limits(memory, cpus, network)
         self._creating += 1
         try:
-            cache_key = await self.executor.ensure_libraries(lang, specs) if specs else None
+            cache_key = await self.executor.ensure_libraries(lang, specs) if specs or lang.warm_cache else None
             spec = replace(self.executor.spec_for(lang, cache_key), limits=limits)
             lease = await self.executor.open_lease(lang, spec)
         finally:
