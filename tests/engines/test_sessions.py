@@ -185,3 +185,14 @@ async def test_sessions_end_with_the_server(backend: RecordingBackend, engine: s
 async def test_a_session_must_not_ask_for_more_than_the_operator_allows(registry: SessionRegistry) -> None:
     with pytest.raises(InvalidRequest, match="SANDBOX_SESSION_MAX_MEMORY"):
         await registry.create("python", [], memory="64g")
+
+
+async def test_files_persist_between_calls_in_other_languages(registry: SessionRegistry) -> None:
+    session = await registry.create("javascript", [])
+    first = await registry.execute(
+        session, "require('fs').writeFileSync('state.txt', 'kept'); console.log('wrote')", [], 60
+    )
+    assert (first.exit_code, first.stdout) == (0, "wrote\n"), first.stderr
+    second = await registry.execute(session, "console.log(require('fs').readFileSync('state.txt', 'utf8'))", [], 60)
+    assert second.stdout == "kept\n"
+    assert second.session_id == session.id
