@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -54,10 +56,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         return anyio.run(_doctor, settings)
     if args.command == "run":
         return anyio.run(_run, settings, args)
-    from llm_sandbox_mcp.server import build_server
-
-    build_server(settings).run("stdio")
+    anyio.run(_serve, settings)
     return 0
+
+
+async def _serve(settings: Settings) -> None:
+    """Serve stdio until the client goes away (the lifespan cleans up) or SIGTERM/SIGHUP arrives.
+
+    The stdio transport reads stdin in a worker thread that no cancellation can stop, so on a signal the
+    sandboxes are removed here and the process exits at once.
+    """
+    from llm_sandbox_mcp.server import build_server
+    from llm_sandbox_mcp.state import AppState
+
+    state = AppState(settings)
+    server = build_server(settings, state=state)
+    async with anyio.create_task_group() as tasks:
+
+        async def stop_on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
+                async for received in signals:
+                    logger.info("Received %s; removing sandboxes and stopping", signal.Signals(received).name)
+                    await state.close_now()
+                    sys.stderr.flush()
+                    os._exit(128 + received)
+
+        tasks.start_soon(stop_on_signal)
+        await server.run_stdio_async()
+        tasks.cancel_scope.cancel()
 
 
 async def _doctor(settings: Settings) -> int:

@@ -62,9 +62,12 @@ def _strict(server: MCPServer[Any]) -> None:
         tool.fn_metadata.arg_model.model_rebuild(force=True)
 
 
-def build_server(settings: Settings, backend: Backend | None = None) -> MCPServer[AppState]:
-    """The MCP server. `backend` replaces the configured one (tests pass a fake)."""
-    state = AppState(settings)
+def build_server(
+    settings: Settings, backend: Backend | None = None, state: AppState | None = None
+) -> MCPServer[AppState]:
+    """The MCP server. `backend` replaces the configured one (tests pass a fake); `state` is shared with the
+    caller, which may need to clean up from outside the lifespan."""
+    state = state or AppState(settings)
 
     @asynccontextmanager
     async def lifespan(_: MCPServer[AppState]) -> AsyncGenerator[AppState]:

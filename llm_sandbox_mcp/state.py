@@ -3,6 +3,7 @@
 from collections.abc import Awaitable
 from typing import TypeVar
 
+import anyio
 from mcp.server.mcpserver.exceptions import ToolError
 
 from llm_sandbox_mcp.config import Settings
@@ -27,6 +28,14 @@ class AppState:
         if self.failure is not None:
             return BackendUnavailable(f"{self.failure} (restart the MCP server after fixing this)")
         return SandboxError("The server is still starting; try again in a moment")
+
+    async def close_now(self) -> None:
+        """Remove every sandbox this server made, from outside the lifespan (on a signal)."""
+        with anyio.CancelScope(shield=True):
+            if self.registry is not None:
+                await self.registry.aclose()
+            if self.running is not None:
+                await self.running.backend.aclose()
 
     @property
     def executor(self) -> Executor:
