@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import time
+from typing import Any
 
 import docker
 import pytest
@@ -31,8 +32,10 @@ CALL = {
 
 def _containers_of(client: docker.DockerClient, pid: int) -> list[str]:
     # The low-level listing: the high-level one inspects each container and races with their removal.
-    found = client.api.containers(all=True, filters={"label": f"llm-sandbox-mcp.pid={pid}"})
-    return [str(c["Id"]) for c in found]
+    found: list[dict[str, Any]] = client.api.containers(  # pyright: ignore[reportUnknownMemberType]
+        all=True, filters={"label": f"llm-sandbox-mcp.pid={pid}"}
+    )
+    return [str(container["Id"]) for container in found]
 
 
 @pytest.mark.parametrize("how", ["stdin closed", "SIGTERM"])
