@@ -6,7 +6,7 @@ import json
 import signal
 import subprocess
 import time
-from typing import Any
+from typing import Any, cast
 
 import docker
 import pytest
@@ -32,9 +32,8 @@ CALL = {
 
 def _containers_of(client: docker.DockerClient, pid: int) -> list[str]:
     # The low-level listing: the high-level one inspects each container and races with their removal.
-    found: list[dict[str, Any]] = client.api.containers(  # pyright: ignore[reportUnknownMemberType]
-        all=True, filters={"label": f"llm-sandbox-mcp.pid={pid}"}
-    )
+    listing = client.api.containers  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    found = cast("list[dict[str, Any]]", listing(all=True, filters={"label": f"llm-sandbox-mcp.pid={pid}"}))
     return [str(container["Id"]) for container in found]
 
 
