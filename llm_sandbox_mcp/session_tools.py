@@ -31,6 +31,10 @@ class SessionInfo(BaseModel):
     memory_limit_bytes: int
     cpus: float
     network: str
+    workspace_bytes: int | None = Field(default=None, description="Bytes in /workspace now (list_sessions)")
+    memory_bytes: int | None = Field(
+        default=None, description="Memory the sandbox uses now, where the engine shows it (list_sessions)"
+    )
 
 
 class SessionList(BaseModel):
@@ -108,11 +112,15 @@ def register_session_tools(server: MCPServer[Any], state: AppState) -> None:
         return Closed(session_id=session_id, closed=True)
 
     @server.tool(
-        description="List open sessions with language, age, idle time, calls and limits.",
+        description="List open sessions with language, age, idle time, calls, limits and current resource use.",
         annotations=ToolAnnotations(title="List sessions", read_only_hint=True, open_world_hint=False),
     )
     async def list_sessions() -> SessionList:
-        return SessionList(sessions=[_info(s) for s in state.sessions.list()])
+        infos: list[SessionInfo] = []
+        for open_session in state.sessions.list():
+            usage = await guard(state.sessions.usage(open_session))
+            infos.append(SessionInfo.model_validate({**open_session.describe(), **usage}))
+        return SessionList(sessions=infos)
 
     @server.tool(
         description=(

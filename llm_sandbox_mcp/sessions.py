@@ -23,6 +23,12 @@ from llm_sandbox_mcp.models import Limits
 
 logger = logging.getLogger(__name__)
 
+# Workspace size in KiB, then the memory the sandbox's cgroup charges (v2, then v1), when it is visible inside.
+_USAGE = (
+    "du -sk /workspace 2>/dev/null | cut -f1; "
+    "cat /sys/fs/cgroup/memory.current 2>/dev/null || cat /sys/fs/cgroup/memory/memory.usage_in_bytes 2>/dev/null"
+)
+
 
 @dataclass
 class Session:
@@ -203,6 +209,16 @@ class SessionRegistry:
         for session_id, why in expired:
             await self.close(session_id, why)
         return len(expired)
+
+    async def usage(self, session: Session) -> dict[str, int | None]:
+        """What a session uses now: workspace bytes and, where the sandbox sees its cgroup, memory bytes."""
+        if session.lock.locked():
+            return {"workspace_bytes": None, "memory_bytes": None}
+        result = await self.executor.backend.exec(session.lease.ref, ["sh", "-c", _USAGE], timeout=10, output_limit=256)
+        values = result.stdout.decode("ascii", errors="replace").split()
+        workspace = int(values[0]) * 1024 if values and values[0].isdigit() else None
+        memory = int(values[1]) if len(values) > 1 and values[1].isdigit() else None
+        return {"workspace_bytes": workspace, "memory_bytes": memory}
 
     async def run_reaper(self) -> None:
         while True:

@@ -196,3 +196,12 @@ async def test_files_persist_between_calls_in_other_languages(registry: SessionR
     second = await registry.execute(session, "console.log(require('fs').readFileSync('state.txt', 'utf8'))", [], 60)
     assert second.stdout == "kept\n"
     assert second.session_id == session.id
+
+
+async def test_list_sessions_reports_what_a_session_uses(registry: SessionRegistry, engine: str) -> None:
+    session = await registry.create("python", [])
+    await cell(registry, session, "open('blob.bin', 'wb').write(b'x' * 300_000)")
+    usage = await registry.usage(session)
+    assert usage["workspace_bytes"] is not None and usage["workspace_bytes"] >= 300_000
+    if engine == "docker":
+        assert usage["memory_bytes"] is not None and usage["memory_bytes"] > 0
