@@ -17,7 +17,7 @@ from llm_sandbox_mcp.backends import BACKENDS, load_backend
 from llm_sandbox_mcp.backends._select import select_backend
 from llm_sandbox_mcp.config import Settings, load_settings
 from llm_sandbox_mcp.errors import ConfigError, SandboxError
-from llm_sandbox_mcp.executor import Executor
+from llm_sandbox_mcp.executor import Execution, Executor
 from llm_sandbox_mcp.languages import LANGUAGES
 
 logger = logging.getLogger("llm_sandbox_mcp")
@@ -120,14 +120,20 @@ async def _run(settings: Settings, args: argparse.Namespace) -> int:
     except SandboxError as exc:
         sys.stderr.write(f"llm-sandbox-mcp: {exc}\n")
         return 2
+    failure: SandboxError | None = None
+    execution: Execution | None = None
     try:
         async with Executor(settings.model_copy(update={"sandbox_pool_size": 0}), backend) as executor:
-            execution = await executor.execute(code, args.language, args.libraries, args.timeout)
-    except SandboxError as exc:
-        sys.stderr.write(f"llm-sandbox-mcp: {exc}\n")
-        return 2
+            # Caught inside: leaving the executor's task group would wrap it in an ExceptionGroup.
+            try:
+                execution = await executor.execute(code, args.language, args.libraries, args.timeout)
+            except SandboxError as exc:
+                failure = exc
     finally:
         await backend.aclose()
+    if failure is not None or execution is None:
+        sys.stderr.write(f"llm-sandbox-mcp: {failure}\n")
+        return 2
     if args.json:
         from llm_sandbox_mcp.server import shape_execution
 

@@ -87,6 +87,7 @@ class Settings(BaseSettings):
     sandbox_privileged: bool = False
 
     # Ours.
+    podman_host: str | None = None
     sandbox_timeout: PositiveFloat = 30.0
     sandbox_max_timeout: PositiveFloat = 300.0
     sandbox_install_timeout: PositiveFloat = 300.0

@@ -321,6 +321,8 @@ base_recipe() { # base_recipe SUITE: what the base image depends on, hashed
 }
 
 import_rootfs() { # import_rootfs DIR SUITE
+  # mktemp -d made the root 0700; an image's / must be traversable by the unprivileged sandbox user.
+  chmod 755 "$1"
   tar --numeric-owner -C "$1" -c . |
     docker import -m "llm-sandbox-mcp provision: debootstrap ${DEBOOTSTRAP_ARGS[*]} $2" \
       -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \

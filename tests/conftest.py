@@ -23,5 +23,5 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests never depend on the developer's shell: every variable Settings reads starts unset."""
     for name in Settings.model_fields:
         monkeypatch.delenv(env_name(name), raising=False)
-    for alias in ("SANDBOX_MEMORY", "SANDBOX_MEM_LIMIT"):
+    for alias in ("SANDBOX_MEMORY", "SANDBOX_MEM_LIMIT", "CONTAINER_HOST"):
         monkeypatch.delenv(alias, raising=False)

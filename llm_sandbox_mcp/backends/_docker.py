@@ -263,7 +263,11 @@ class DockerBackend:
     def _exit_code(self, exec_id: str) -> int:
         api = self._docker().api
         for _ in range(50):
-            info = api.exec_inspect(exec_id)
+            try:
+                info = api.exec_inspect(exec_id)
+            except docker.errors.NotFound:
+                return 137  # the sandbox was removed (the kill fallback): its processes were killed
+
             if not info.get("Running") and info.get("ExitCode") is not None:
                 return int(info["ExitCode"])
             time.sleep(0.02)

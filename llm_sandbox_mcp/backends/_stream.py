@@ -28,8 +28,22 @@ def send_stdin(sock: socket.socket, data: bytes) -> None:
     """Write stdin and half-close, so the process sees end of file."""
     if data:
         sock.sendall(data)
+    _half_close(sock)
+
+
+def _half_close(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_WR)
+
+
+def _write_some(sock: socket.socket, pending: memoryview) -> memoryview | None:
+    """What is left of `pending` after one non-blocking send; None when the process no longer takes input."""
+    try:
+        return pending[sock.send(pending[:_CHUNK]) :]
+    except BlockingIOError:
+        return pending
+    except OSError:
+        return None
 
 
 class FrameReader:
@@ -56,26 +70,36 @@ def pump(
     err: HeadTail,
     deadline: float,
     on_timeout: Callable[[], None],
+    stdin: bytes | None = None,
 ) -> bool:
     """Read frames into `out`/`err` until the stream ends; call `on_timeout` once at the deadline.
 
+    With `stdin`, also write it as the process takes it, then half-close: a process that writes before it has
+    read all its input cannot then block against us (Podman, unlike Docker, does not buffer its output).
     Returns True when the deadline passed.
     """
     reader = FrameReader()
     sinks = {1: out, 2: err}
+    pending = memoryview(stdin) if stdin is not None else None
     timed_out = False
     hard_stop = float("inf")
     sock.setblocking(False)
     while True:
+        if pending is not None and not pending:
+            _half_close(sock)
+            pending = None
         now = time.monotonic()
         if not timed_out and now >= deadline:
-            timed_out = True
+            timed_out, pending = True, None
             on_timeout()
             hard_stop = time.monotonic() + _DRAIN_SECONDS
         if now >= hard_stop:
             break
         wait = (deadline if not timed_out else hard_stop) - now
-        ready, _, _ = select.select([sock], [], [], max(0.0, min(wait, 1.0)))
+        writers = [sock] if pending is not None else []
+        ready, writable, _ = select.select([sock], writers, [], max(0.0, min(wait, 1.0)))
+        if writable and pending is not None:
+            pending = _write_some(sock, pending)
         if not ready:
             continue
         try:

@@ -151,3 +151,17 @@ def test_run_prints_output_and_returns_the_programs_exit_code(docker_required: N
     assert completed.returncode == 3
     assert completed.stdout == b"out\n"
     assert completed.stderr == b"err\n"
+
+
+def test_run_with_a_missing_image_is_one_clear_line_not_a_traceback(docker_required: None) -> None:
+    completed = subprocess.run(
+        [SCRIPT, "run", "-"],
+        input=b"print(1)\n",
+        capture_output=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "BACKEND": "docker", "SANDBOX_IMAGE_PYTHON": "llm-sandbox-missing:none"},
+    )
+    assert completed.returncode == 2
+    stderr = completed.stderr.decode()
+    assert "Traceback" not in stderr
+    assert "llm-sandbox-mcp: Image 'llm-sandbox-missing:none' is not on the Docker engine" in stderr

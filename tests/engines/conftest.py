@@ -21,7 +21,7 @@ from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, SandboxRef, SandboxSpec
 from tests.engines import kube
 
-ENGINES = ("docker", "bubblewrap", "kubernetes")
+ENGINES = ("docker", "podman", "bubblewrap", "kubernetes")
 # The host's trust store: behind a TLS-inspecting proxy the images' own bundles are not enough to install.
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 

@@ -1,0 +1,366 @@
+"""Podman backend: one hardened container per sandbox, through the podman SDK against the Podman API socket.
+
+The SDK's API client carries every call. Two are written in `_libpod`, because the SDK cannot express them:
+the container spec (libpod SpecGenerator), and exec start, which needs a two-way socket the SDK does not
+give and so speaks HTTP on a connection of its own. Sync calls run in worker threads.
+"""
+
+# The podman SDK is unannotated.
+# pyright: reportUnknownMemberType=false, reportUnknownVariableType=false, reportUnknownArgumentType=false
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from pathlib import PurePosixPath
+from typing import Any, cast
+
+import anyio
+import anyio.to_thread
+from podman import PodmanClient
+from podman.errors.exceptions import APIError, ImageNotFound, NotFound
+
+from llm_sandbox_mcp.backends import _owner
+from llm_sandbox_mcp.backends._hardening import CACHE_PREFIX, KILL_ALL
+from llm_sandbox_mcp.backends._libpod import ExecStartError, container_spec, exec_body, start_exec
+from llm_sandbox_mcp.backends._podman_service import LIMITS_HINT, Candidate, Engine, candidates, connect, detail, find
+from llm_sandbox_mcp.backends._stream import SocketProcess, pump
+from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure
+from llm_sandbox_mcp.models import WORKDIR, ExecResult, HeadTail, SandboxRef, SandboxSpec
+
+logger = logging.getLogger(__name__)
+
+_KILL_SECONDS = 10.0
+_JSON = {"Content-Type": "application/json"}
+
+
+def drained(argv: list[str]) -> list[str]:
+    """`argv`, then read what is left of stdin: if the process exits with input unread, conmon resets the attach
+    socket and Podman loses the rest of the output (and reports `connection reset by peer` as stderr).
+    """
+    return ["sh", "-c", '"$@"; status=$?; cat >/dev/null; exit $status', "sh", *argv]
+
+
+def dropped_limits(warnings: Sequence[str]) -> list[str]:
+    """Create warnings saying the service will not enforce a limit (rootless Podman without cgroup v2 delegation)."""
+    return [w for w in warnings if any(word in w.lower() for word in ("limit", "discarded", "ignored"))]
+
+
+class PodmanBackend:
+    """Sandboxes as Podman containers, with the Docker backend's hardening, limits, labels and cache design."""
+
+    name = "podman"
+
+    def __init__(self, sockets: Sequence[Candidate]) -> None:
+        self._sockets = list(sockets)
+        self._client: PodmanClient | None = None
+        self._socket: Candidate | None = None
+        self._connect_lock = threading.Lock()
+        self._live: set[str] = set()
+        self._images: set[str] = set()
+
+    def _podman(self) -> PodmanClient:
+        with self._connect_lock:
+            if self._client is None:
+                self._client, self._socket = find(self._sockets)
+            return self._client
+
+    async def create(self, spec: SandboxSpec) -> SandboxRef:
+        container_id = await anyio.to_thread.run_sync(self._create, spec)
+        return SandboxRef(id=container_id, spec=spec)
+
+    def _create(self, spec: SandboxSpec) -> str:
+        api = self._podman().api
+        try:
+            body = container_spec(spec, _owner.owner_labels())
+        except ValueError as exc:
+            raise SandboxFailure(str(exc)) from exc
+        with _failing(f"create a sandbox from {spec.image!r}"):
+            self._ensure_image(spec.image)
+            if spec.cache is not None and spec.cache.writable:
+                self._prepare_cache(spec)
+            try:
+                response = api.post("/containers/create", data=json.dumps(body), headers=_JSON)
+                response.raise_for_status(not_found=ImageNotFound)
+            except ImageNotFound as exc:
+                self._images.discard(spec.image)
+                raise ImageMissing(f"Image {spec.image!r} left Podman's image store: {detail(exc)}") from exc
+        created: dict[str, Any] = response.json()
+        container_id = str(created["Id"])
+        self._live.add(container_id)
+        dropped = dropped_limits(created.get("Warnings") or [])
+        if dropped:
+            self._remove(container_id)
+            raise SandboxFailure(
+                f"Podman would not enforce this sandbox's limits ({'; '.join(dropped)}); {LIMITS_HINT}"
+            )
+        try:
+            api.post(f"/containers/{container_id}/start").raise_for_status()
+        except APIError as exc:
+            self._remove(container_id)
+            raise SandboxFailure(f"Podman could not start a sandbox from {spec.image!r}: {detail(exc)}") from exc
+        return container_id
+
+    def _prepare_cache(self, spec: SandboxSpec) -> None:
+        """Create the cache volume owned by the sandbox user (a volume option), so the installer needs no root."""
+        assert spec.cache is not None
+        volumes = self._podman().volumes
+        name = CACHE_PREFIX + spec.cache.key
+        labels = {_owner.MANAGED: "true", _owner.KIND: "library-cache"}
+        try:
+            if not volumes.exists(name):
+                volumes.create(name, labels=labels, driver_opts={"o": f"uid={spec.limits.uid},gid={spec.limits.gid}"})
+        except APIError as exc:
+            if "already exists" not in str(exc.explanation):  # else another server made it in between
+                raise
+
+    def _ensure_image(self, image: str) -> None:
+        """Pull a missing image once, so a missing image is a clear error rather than a slow failure later."""
+        if image in self._images:
+            return
+        images = self._podman().images
+        if not images.exists(image):
+            logger.info("Image %s is not in Podman's image store; pulling it", image)
+            errors: list[str] = []
+            try:
+                progress = cast(Iterable[Any], images.pull(image, stream=True, decode=True, policy="missing"))
+                errors += [str(line["error"]) for line in progress if isinstance(line, dict) and line.get("error")]
+            except APIError as exc:
+                errors.append(detail(exc))
+            if not images.exists(image):
+                raise ImageMissing(
+                    f"Image {image!r} is not in Podman's image store and could not be pulled "
+                    f"({'; '.join(errors) or 'no reason given'}). Pull or build it (`podman pull {image}`; Podman "
+                    f"keeps its own images, so one that only Docker has needs `docker save {image} | podman load`), "
+                    "or point the language's SANDBOX_IMAGE_* variable at an image you have."
+                )
+        self._images.add(image)
+
+    async def exec(
+        self,
+        ref: SandboxRef,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        stdin: bytes = b"",
+        env: Mapping[str, str] | None = None,
+        workdir: PurePosixPath = WORKDIR,
+        output_limit: int | None = None,
+    ) -> ExecResult:
+        return await anyio.to_thread.run_sync(
+            self._exec, ref, list(argv), timeout, stdin, dict(env or {}), workdir, output_limit
+        )
+
+    def _exec(
+        self,
+        ref: SandboxRef,
+        argv: list[str],
+        timeout: float,
+        stdin: bytes,
+        env: dict[str, str],
+        workdir: PurePosixPath,
+        output_limit: int | None,
+    ) -> ExecResult:
+        user = _user(ref)
+        started = time.monotonic()
+        out, err = HeadTail(output_limit), HeadTail(output_limit)
+        exit_code, timed_out = self._run(
+            ref.id, argv, user, env, workdir, stdin, started + timeout, out, err, lambda: self._kill_all(ref.id, user)
+        )
+        return ExecResult(
+            exit_code=exit_code,
+            stdout=out.getvalue(),
+            stderr=err.getvalue(),
+            timed_out=timed_out,
+            truncated=out.truncated or err.truncated,
+            duration_ms=(time.monotonic() - started) * 1000,
+        )
+
+    def _run(
+        self,
+        container_id: str,
+        argv: list[str],
+        user: str,
+        env: dict[str, str],
+        workdir: PurePosixPath,
+        stdin: bytes,
+        deadline: float,
+        out: HeadTail,
+        err: HeadTail,
+        on_timeout: Callable[[], None],
+    ) -> tuple[int, bool]:
+        """Run to completion or `deadline`; return the exit code and whether the deadline passed."""
+        exec_id, sock = self._open_exec(container_id, drained(argv) if stdin else argv, user, env, workdir)
+        try:
+            timed_out = pump(sock, out, err, deadline, on_timeout, stdin=stdin)
+        finally:
+            sock.close()
+        return self._exit_code(exec_id), timed_out
+
+    def _open_exec(
+        self, container_id: str, argv: list[str], user: str, env: dict[str, str], workdir: PurePosixPath
+    ) -> tuple[str, socket.socket]:
+        client = self._podman()
+        assert self._socket is not None
+        try:
+            response = client.api.post(
+                f"/containers/{container_id}/exec", data=json.dumps(exec_body(argv, user, env, workdir)), headers=_JSON
+            )
+            response.raise_for_status()
+        except NotFound as exc:
+            raise SandboxFailure(f"The sandbox {container_id[:12]} is gone (killed or removed)") from exc
+        except APIError as exc:
+            raise SandboxFailure(f"Podman could not run a process in the sandbox: {detail(exc)}") from exc
+        exec_id = str(response.json()["Id"])
+        try:
+            sock = connect(self._socket.url, timeout=30)
+        except OSError as exc:
+            raise SandboxFailure(f"Podman's socket {self._socket.url} stopped answering: {exc}") from exc
+        try:
+            start_exec(sock, f"{client.api.path_prefix}exec/{exec_id}/start")
+        except (OSError, ExecStartError) as exc:
+            sock.close()
+            raise SandboxFailure(f"Podman could not start a process in the sandbox: {exc}") from exc
+        return exec_id, sock
+
+    def _exit_code(self, exec_id: str) -> int:
+        api = self._podman().api
+        for _ in range(50):
+            try:
+                response = api.get(f"/exec/{exec_id}/json")
+                response.raise_for_status()
+            except APIError:  # the sandbox was removed meanwhile
+                return -1
+            info: dict[str, Any] = response.json()
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                return int(info["ExitCode"])
+            time.sleep(0.02)
+        return -1
+
+    async def start(
+        self,
+        ref: SandboxRef,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        workdir: PurePosixPath = WORKDIR,
+    ) -> SocketProcess:
+        return await anyio.to_thread.run_sync(self._start, ref, list(argv), dict(env or {}), workdir)
+
+    def _start(self, ref: SandboxRef, argv: list[str], env: dict[str, str], workdir: PurePosixPath) -> SocketProcess:
+        _, sock = self._open_exec(ref.id, argv, _user(ref), env, workdir)
+        sock.settimeout(None)
+        return SocketProcess(sock, lambda: None)
+
+    async def kill_all(self, ref: SandboxRef) -> None:
+        await anyio.to_thread.run_sync(self._kill_all, ref.id, _user(ref))
+
+    def _kill_all(self, container_id: str, user: str) -> None:
+        """Kill every process of the sandbox user; PID 1 is immune, so the sandbox stays.
+
+        When that cannot run (a full pids limit leaves no room for one more process), remove the sandbox.
+        """
+        output = HeadTail(4096)
+        try:
+            exit_code, _ = self._run(
+                container_id, KILL_ALL, user, {}, WORKDIR, b"", time.monotonic() + _KILL_SECONDS, output, output, _noop
+            )
+            why = output.getvalue().decode(errors="replace").strip()
+        except SandboxFailure as exc:
+            exit_code, why = -1, str(exc)
+        if exit_code not in (0, 1):  # 1: nothing was left to kill
+            logger.warning("Could not kill the processes in %s (%s); removing it", container_id[:12], why)
+            self._remove(container_id)
+
+    async def destroy(self, ref: SandboxRef) -> None:
+        await anyio.to_thread.run_sync(self._remove, ref.id)
+
+    def _remove(self, container_id: str) -> None:
+        self._live.discard(container_id)
+        try:
+            self._podman().containers.remove(container_id, force=True, v=True)
+        except NotFound:
+            pass
+        except APIError as exc:
+            logger.warning("Could not remove sandbox %s: %s", container_id[:12], exc.explanation)
+
+    async def drop_cache(self, key: str) -> None:
+        await anyio.to_thread.run_sync(self._drop_cache, key)
+
+    def _drop_cache(self, key: str) -> None:
+        try:
+            self._podman().volumes.remove(CACHE_PREFIX + key, force=True)
+        except NotFound:
+            pass
+        except APIError as exc:
+            logger.warning("Could not remove library cache %s: %s", key, exc.explanation)
+
+    async def sweep(self) -> int:
+        return await anyio.to_thread.run_sync(self._sweep)
+
+    def _sweep(self) -> int:
+        with _failing("list sandboxes"):
+            containers = self._podman().containers.list(all=True, filters={"label": f"{_owner.MANAGED}=true"})
+        stale = [str(c.id) for c in containers if _owner.owner_is_gone(c.labels or {})]
+        for container_id in stale:
+            self._remove(container_id)
+        return len(stale)
+
+    async def describe(self) -> str:
+        return await anyio.to_thread.run_sync(self._describe)
+
+    def _describe(self) -> str:
+        client = self._podman()
+        try:
+            engine = Engine.from_info(client.info())
+        except APIError as exc:
+            raise BackendUnavailable(f"The Podman service does not describe itself ({detail(exc)})") from exc
+        found = self._socket
+        assert found is not None
+        line = (
+            f"Podman {engine.version} (API {engine.api_version}, {'rootless' if engine.rootless else 'rootful'}, "
+            f"cgroup {engine.cgroup}, {engine.runtime}) at {found.url} (from {found.source})"
+        )
+        problem = engine.limits_problem()
+        if problem is not None:
+            raise BackendUnavailable(f"{line}: {problem}")
+        return line
+
+    async def aclose(self) -> None:
+        await anyio.to_thread.run_sync(self._close)
+
+    def _close(self) -> None:
+        if self._client is None:
+            return
+        for container_id in list(self._live):
+            self._remove(container_id)
+        self._client.close()
+        self._client = None
+
+
+@contextlib.contextmanager
+def _failing(what: str) -> Generator[None, None, None]:
+    """Engine errors, the service going away included, as SandboxFailure."""
+    try:
+        yield
+    except APIError as exc:
+        raise SandboxFailure(f"Podman could not {what}: {detail(exc)}") from exc
+
+
+def _user(ref: SandboxRef) -> str:
+    return f"{ref.spec.limits.uid}:{ref.spec.limits.gid}"
+
+
+def _noop() -> None:
+    pass
+
+
+def from_settings(settings: Settings) -> PodmanBackend:
+    return PodmanBackend(candidates(settings.podman_host, settings.docker_host, os.environ, os.getuid()))
