@@ -257,7 +257,9 @@ class Executor:
         return "host" if self.backend.name == "bubblewrap" else "bridge"
 
     def cache_key(self, lang: Language, specs: list[str]) -> str:
-        identity = json.dumps([lang.name, self.settings.image_for(lang.name), specs])
+        """Language, image, specs and the registry they come from: a different mirror is a different cache."""
+        registry = sorted(install_env(lang, self.settings).items())
+        identity = json.dumps([lang.name, self.settings.image_for(lang.name), specs, registry])
         return hashlib.sha256(identity.encode()).hexdigest()[:32]
 
     async def ensure_libraries(self, lang: Language, specs: list[str]) -> str:

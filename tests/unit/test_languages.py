@@ -218,3 +218,15 @@ def test_every_language_tells_the_truth_it_can_tell_without_an_engine(language: 
     assert lang.run_argv()  # its runner ships with the package
     env = sandbox_env(lang, with_libraries=True)
     assert env["HOME"] == "/tmp" and env["OUTPUT_DIR"] == "/workspace/outputs"
+
+
+def test_the_library_cache_key_changes_with_the_registry() -> None:
+    from llm_sandbox_mcp.config import Settings
+    from llm_sandbox_mcp.executor import Executor
+    from tests.fakes import FakeBackend
+
+    python = get_language("python")
+    default = Executor(Settings(), FakeBackend()).cache_key(python, ["six"])
+    mirror = Executor(Settings(sandbox_pip_index_url="http://127.0.0.1:3141/simple"), FakeBackend())
+    assert mirror.cache_key(python, ["six"]) != default
+    assert Executor(Settings(), FakeBackend()).cache_key(python, ["six"]) == default
