@@ -146,14 +146,7 @@ class Kernel:
             exit_code = 137
             err.feed(f"\n[the interpreter was lost: {exc}]\n".encode())
         return KernelRun(
-            result=ExecResult(
-                exit_code=exit_code,
-                stdout=out.getvalue(),
-                stderr=err.getvalue(),
-                timed_out=timed_out,
-                truncated=out.truncated or err.truncated,
-                duration_ms=(time.monotonic() - started) * 1000,
-            ),
+            result=ExecResult.captured(exit_code, out, err, timed_out=timed_out, started=started),
             artifacts=sorted(artifacts, key=lambda artifact: artifact.name),
             kernel_lost=lost,
         )
@@ -178,7 +171,3 @@ def _artifact(body: bytes) -> Artifact | None:
     size = int(info["size"])
     inline = bool(info.get("inline")) and len(data) == size
     return Artifact(name, mime_type_of(name), size, data if inline else None)
-
-
-def kernel_filename(mode: str, cell: int) -> str:
-    return "/workspace/main.py" if mode == "fork" else f"<cell {cell}>"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
@@ -66,6 +67,18 @@ class ExecResult:
     timed_out: bool = False
     truncated: bool = False
     duration_ms: float = 0.0
+
+    @classmethod
+    def captured(cls, exit_code: int, out: HeadTail, err: HeadTail, *, timed_out: bool, started: float) -> ExecResult:
+        """The result of a process whose streams went into `out` and `err`, started at monotonic `started`."""
+        return cls(
+            exit_code=exit_code,
+            stdout=out.getvalue(),
+            stderr=err.getvalue(),
+            timed_out=timed_out,
+            truncated=out.truncated or err.truncated,
+            duration_ms=(time.monotonic() - started) * 1000,
+        )
 
 
 class HeadTail:

@@ -271,14 +271,7 @@ class BubblewrapBackend:
         finally:
             with anyio.CancelScope(shield=True):
                 await self._reap(box, process)
-        return ExecResult(
-            exit_code=_exit_code(process.returncode),
-            stdout=out.getvalue(),
-            stderr=err.getvalue(),
-            timed_out=timed_out,
-            truncated=out.truncated or err.truncated,
-            duration_ms=(time.monotonic() - started) * 1000,
-        )
+        return ExecResult.captured(_exit_code(process.returncode), out, err, timed_out=timed_out, started=started)
 
     async def start(
         self,

@@ -224,14 +224,7 @@ class DockerBackend:
             stream.close()
             sock.close()
         exit_code = self._exit_code(exec_id)
-        return ExecResult(
-            exit_code=exit_code,
-            stdout=out.getvalue(),
-            stderr=err.getvalue(),
-            timed_out=timed_out,
-            truncated=out.truncated or err.truncated,
-            duration_ms=(time.monotonic() - started) * 1000,
-        )
+        return ExecResult.captured(exit_code, out, err, timed_out=timed_out, started=started)
 
     async def start(
         self,

@@ -231,14 +231,7 @@ class KubernetesBackend:
             if not timed_out:
                 self._check_running(ref.id)
             code = 137 if timed_out else -1
-        return ExecResult(
-            exit_code=code,
-            stdout=out.getvalue(),
-            stderr=err.getvalue(),
-            timed_out=timed_out,
-            truncated=out.truncated or err.truncated,
-            duration_ms=(time.monotonic() - begun) * 1000,
-        )
+        return ExecResult.captured(code, out, err, timed_out=timed_out, started=begun)
 
     def _check_running(self, name: str) -> None:
         """Raise SandboxFailure when the pod is gone or no longer running."""

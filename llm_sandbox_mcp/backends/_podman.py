@@ -174,14 +174,7 @@ class PodmanBackend:
         exit_code, timed_out = self._run(
             ref.id, argv, user, env, workdir, stdin, started + timeout, out, err, lambda: self._kill_all(ref.id, user)
         )
-        return ExecResult(
-            exit_code=exit_code,
-            stdout=out.getvalue(),
-            stderr=err.getvalue(),
-            timed_out=timed_out,
-            truncated=out.truncated or err.truncated,
-            duration_ms=(time.monotonic() - started) * 1000,
-        )
+        return ExecResult.captured(exit_code, out, err, timed_out=timed_out, started=started)
 
     def _run(
         self,
