@@ -107,7 +107,8 @@ wait_for() { # wait_for SECONDS COMMAND...: poll COMMAND every 0.5 s until it su
 }
 
 spawn_detached() { # spawn_detached LOGFILE COMMAND...: start a daemon that outlives this script
-  local log=$1
+  local log
+  log=$(realpath -m "$1")
   shift
   (
     # Drop inherited descriptors (our lock, a caller's pipes) so that the daemon does not
@@ -116,6 +117,9 @@ spawn_detached() { # spawn_detached LOGFILE COMMAND...: start a daemon that outl
       fd=${fd##*/}
       if ((fd > 2)); then eval "exec ${fd}>&-"; fi
     done
+    # Out of the checkout: conmon writes an `oom` marker into its working directory when a
+    # container is OOM-killed, which left stray files in the repository.
+    cd /
     # Own session: not killed with this script's process group or by a terminal hangup.
     exec setsid nohup "$@" </dev/null >"$log" 2>&1
   ) &
