@@ -22,7 +22,7 @@ import docker.errors
 from docker.types import Mount, Ulimit
 
 from llm_sandbox_mcp.backends import _owner
-from llm_sandbox_mcp.backends._hardening import CACHE_PREFIX, KILL_ALL, SLEEPER, rlimits
+from llm_sandbox_mcp.backends._container import CACHE_PREFIX, KILL_ALL, SLEEPER, rlimits
 from llm_sandbox_mcp.backends._stream import SocketProcess, pump, send_stdin
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure

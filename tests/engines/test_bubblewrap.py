@@ -23,9 +23,9 @@ import pytest
 
 from llm_sandbox_mcp.backends import _bubblewrap, _owner, load_backend
 from llm_sandbox_mcp.backends._bubblewrap import BubblewrapBackend
-from llm_sandbox_mcp.backends._bwrap_host import MIN_VERSION, cache_root, state_root, version_of
-from llm_sandbox_mcp.backends._cgroup import CgroupManager
-from llm_sandbox_mcp.backends._seccomp import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, DENIED, SYSCALLS
+from llm_sandbox_mcp.backends._bubblewrap.cgroup import CgroupManager
+from llm_sandbox_mcp.backends._bubblewrap.host import MIN_VERSION, cache_root, state_root, version_of
+from llm_sandbox_mcp.backends._bubblewrap.seccomp import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, DENIED, SYSCALLS
 from llm_sandbox_mcp.errors import SandboxFailure
 from llm_sandbox_mcp.models import CacheMount, ExecResult, Limits, SandboxRef, SandboxSpec
 from tests.engines.conftest import engine_settings, require

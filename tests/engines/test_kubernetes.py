@@ -21,12 +21,13 @@ import pytest
 from kubernetes import client, config
 from kubernetes.stream import ws_client
 
-from llm_sandbox_mcp.backends import _k8s_api, _owner, load_backend
-from llm_sandbox_mcp.backends._hardening import CACHE_PREFIX, SLEEPER
-from llm_sandbox_mcp.backends._k8s_api import ApiFailure
-from llm_sandbox_mcp.backends._k8s_exec import ExecStream
-from llm_sandbox_mcp.backends._k8s_pod import EXPIRES, NETWORK_LABEL, POLICY_NAME, PodOptions, pod_manifest
+from llm_sandbox_mcp.backends import _owner, load_backend
+from llm_sandbox_mcp.backends._container import CACHE_PREFIX, SLEEPER
 from llm_sandbox_mcp.backends._kubernetes import KubernetesBackend
+from llm_sandbox_mcp.backends._kubernetes import api as k8s_api
+from llm_sandbox_mcp.backends._kubernetes.api import ApiFailure
+from llm_sandbox_mcp.backends._kubernetes.exec import ExecStream
+from llm_sandbox_mcp.backends._kubernetes.pod import EXPIRES, NETWORK_LABEL, POLICY_NAME, PodOptions, pod_manifest
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure
 from llm_sandbox_mcp.models import CacheMount, SandboxSpec
@@ -310,7 +311,7 @@ async def test_stdin_ends_over_the_v5_and_the_v4_protocol(
             protocols.append(protocol)
             super().__init__(ws, protocol)
 
-    monkeypatch.setattr(_k8s_api, "ExecStream", Recording)
+    monkeypatch.setattr(k8s_api, "ExecStream", Recording)
     ref = await backend.create(spec(namespace))
     payload = bytes(range(256)) * 4096  # 1 MiB, every byte value
     v5 = await backend.exec(ref, ["sh", "-c", "wc -c"], stdin=payload, timeout=30)

@@ -9,8 +9,8 @@ import pytest
 
 from llm_sandbox_mcp.backends import _bubblewrap
 from llm_sandbox_mcp.backends._bubblewrap import BubblewrapBackend
-from llm_sandbox_mcp.backends._bwrap_argv import exec_argv, holder_argv
-from llm_sandbox_mcp.backends._bwrap_host import Bwrap, find_bwrap
+from llm_sandbox_mcp.backends._bubblewrap.argv import exec_argv, holder_argv
+from llm_sandbox_mcp.backends._bubblewrap.host import Bwrap, find_bwrap
 from llm_sandbox_mcp.errors import BackendUnavailable
 from llm_sandbox_mcp.models import WORKDIR, CacheMount, Limits, SandboxSpec
 

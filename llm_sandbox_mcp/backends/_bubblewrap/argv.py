@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
-from llm_sandbox_mcp.backends._bwrap_host import HOST_PATH, Bwrap
+from llm_sandbox_mcp.backends._bubblewrap.host import HOST_PATH, Bwrap
 from llm_sandbox_mcp.models import WORKDIR, Limits, SandboxSpec
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

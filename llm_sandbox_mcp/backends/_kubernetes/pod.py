@@ -16,7 +16,7 @@ from typing import Any, cast
 import yaml
 
 from llm_sandbox_mcp.backends import _owner
-from llm_sandbox_mcp.backends._hardening import CACHE_PREFIX, SLEEPER
+from llm_sandbox_mcp.backends._container import CACHE_PREFIX, SLEEPER
 from llm_sandbox_mcp.errors import ImageMissing, SandboxFailure
 from llm_sandbox_mcp.models import WORKDIR, Limits, SandboxSpec
 

@@ -1,7 +1,7 @@
 """Kubernetes backend: one hardened pod per sandbox, processes over the `pods/exec` WebSocket.
 
-The client is wrapped in `_k8s_api` (typed, blocking, plain JSON) and every call runs in a worker thread; the
-objects come from `_k8s_pod` and exec frames are handled in `_k8s_exec`.
+The client is wrapped in `api` (typed, blocking, plain JSON) and every call runs in a worker thread; the
+objects come from `pod` and exec frames are handled in `exec`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import anyio
 import anyio.to_thread
 
 from llm_sandbox_mcp.backends import _owner
-from llm_sandbox_mcp.backends._hardening import CACHE_PREFIX, KILL_ALL
-from llm_sandbox_mcp.backends._k8s_api import ApiFailure, Cluster, connect
-from llm_sandbox_mcp.backends._k8s_exec import ExecRefused, ExecStream, WebSocketProcess, exit_code, pump, wrap
-from llm_sandbox_mcp.backends._k8s_pod import (
+from llm_sandbox_mcp.backends._container import CACHE_PREFIX, KILL_ALL
+from llm_sandbox_mcp.backends._kubernetes.api import ApiFailure, Cluster, connect
+from llm_sandbox_mcp.backends._kubernetes.exec import ExecRefused, ExecStream, WebSocketProcess, exit_code, pump, wrap
+from llm_sandbox_mcp.backends._kubernetes.pod import (
     CONTAINER,
     EXPIRES,
     POLICY_NAME,

@@ -1,6 +1,6 @@
 """Podman backend: one hardened container per sandbox, through the podman SDK against the Podman API socket.
 
-The SDK's API client carries every call. Two are written in `_libpod`, because the SDK cannot express them:
+The SDK's API client carries every call. Two are written in `libpod`, because the SDK cannot express them:
 the container spec (libpod SpecGenerator), and exec start, which needs a two-way socket the SDK does not
 give and so speaks HTTP on a connection of its own. Sync calls run in worker threads.
 """
@@ -27,9 +27,9 @@ from podman import PodmanClient
 from podman.errors.exceptions import APIError, ImageNotFound, NotFound
 
 from llm_sandbox_mcp.backends import _owner
-from llm_sandbox_mcp.backends._hardening import CACHE_PREFIX, KILL_ALL
-from llm_sandbox_mcp.backends._libpod import ExecStartError, container_spec, exec_body, start_exec
-from llm_sandbox_mcp.backends._podman_service import LIMITS_HINT, Candidate, Engine, candidates, connect, detail, find
+from llm_sandbox_mcp.backends._container import CACHE_PREFIX, KILL_ALL
+from llm_sandbox_mcp.backends._podman.libpod import ExecStartError, container_spec, exec_body, start_exec
+from llm_sandbox_mcp.backends._podman.service import LIMITS_HINT, Candidate, Engine, candidates, connect, detail, find
 from llm_sandbox_mcp.backends._stream import SocketProcess, pump
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure

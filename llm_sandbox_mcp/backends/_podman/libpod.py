@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
-from llm_sandbox_mcp.backends._hardening import CACHE_PREFIX, SLEEPER, rlimits
+from llm_sandbox_mcp.backends._container import CACHE_PREFIX, SLEEPER, rlimits
 from llm_sandbox_mcp.models import WORKDIR, SandboxSpec
 
 _CPU_PERIOD = 100_000

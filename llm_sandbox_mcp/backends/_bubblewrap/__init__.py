@@ -1,6 +1,6 @@
 """Bubblewrap backend: daemonless local sandboxes from the host's own runtimes, no image, no container engine.
 
-Shape (see `_bwrap_argv`): one long-lived *holder* bwrap per sandbox owns its namespaces and its size-limited
+Shape (see `argv`): one long-lived *holder* bwrap per sandbox owns its namespaces and its size-limited
 tmpfs /workspace and /tmp; each exec enters it with nsenter and runs in a hardened inner bwrap.
 Limits: a cgroup per sandbox (pids, memory, cpu) when one can be made (always as root), plus rlimits. As root
 the sandbox runs as the unprivileged SANDBOX_USER on the host too: root ignores RLIMIT_NPROC, and a sandbox
@@ -31,7 +31,7 @@ import anyio.to_thread
 from anyio.abc import Process
 
 from llm_sandbox_mcp.backends import _owner
-from llm_sandbox_mcp.backends._bwrap_argv import (
+from llm_sandbox_mcp.backends._bubblewrap.argv import (
     SANDBOX_PATH,
     exec_argv,
     generated_files,
@@ -40,7 +40,8 @@ from llm_sandbox_mcp.backends._bwrap_argv import (
     killer_argv,
     probe_argv,
 )
-from llm_sandbox_mcp.backends._bwrap_host import (
+from llm_sandbox_mcp.backends._bubblewrap.cgroup import Cgroup, CgroupManager, existing
+from llm_sandbox_mcp.backends._bubblewrap.host import (
     HOST_PATH,
     Bwrap,
     cache_root,
@@ -50,9 +51,8 @@ from llm_sandbox_mcp.backends._bwrap_host import (
     userns_problem,
     userns_unavailable,
 )
-from llm_sandbox_mcp.backends._bwrap_pipes import PipeProcess, feed, pump
-from llm_sandbox_mcp.backends._cgroup import Cgroup, CgroupManager, existing
-from llm_sandbox_mcp.backends._seccomp import FILTER
+from llm_sandbox_mcp.backends._bubblewrap.pipes import PipeProcess, feed, pump
+from llm_sandbox_mcp.backends._bubblewrap.seccomp import FILTER
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, SandboxFailure
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, HeadTail, Limits, SandboxRef, SandboxSpec

@@ -27,8 +27,8 @@ from kubernetes.stream import stream
 from kubernetes.watch import Watch
 from websocket import WebSocket
 
-from llm_sandbox_mcp.backends._k8s_exec import ExecStream
-from llm_sandbox_mcp.backends._k8s_pod import Json
+from llm_sandbox_mcp.backends._kubernetes.exec import ExecStream
+from llm_sandbox_mcp.backends._kubernetes.pod import Json
 from llm_sandbox_mcp.errors import BackendUnavailable
 
 _TIMEOUT = (10, 60)  # connect, read (seconds)
