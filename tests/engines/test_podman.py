@@ -23,7 +23,8 @@ from podman import PodmanClient
 
 from llm_sandbox_mcp.backends import _owner, _podman
 from llm_sandbox_mcp.backends._container import SLEEPER
-from llm_sandbox_mcp.backends._podman import PodmanBackend, dropped_limits
+from llm_sandbox_mcp.backends._podman import PodmanEngine, dropped_limits
+from llm_sandbox_mcp.backends._threaded import Threaded
 from llm_sandbox_mcp.backends._podman.libpod import container_spec, network_fields, security_fields
 from llm_sandbox_mcp.backends._podman.service import Candidate, Engine, candidates
 from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure
@@ -171,11 +172,13 @@ def test_the_warning_of_rootless_podman_on_cgroup_v1_refuses_the_sandbox() -> No
 
 
 async def test_no_socket_anywhere_names_every_place_tried_and_how_to_start_podman(tmp_path: Path) -> None:
-    backend = PodmanBackend(
-        [
-            Candidate(f"unix://{tmp_path}/a.sock", "the rootless default socket"),
-            Candidate(f"unix://{tmp_path}/b.sock", "the rootful default socket"),
-        ]
+    backend = Threaded(
+        PodmanEngine(
+            [
+                Candidate(f"unix://{tmp_path}/a.sock", "the rootless default socket"),
+                Candidate(f"unix://{tmp_path}/b.sock", "the rootful default socket"),
+            ]
+        )
     )
     with pytest.raises(BackendUnavailable) as raised:
         await backend.describe()
@@ -206,7 +209,7 @@ def podman_url(service: dict[str, str]) -> str:
     return service["url"]
 
 
-async def described(backend: PodmanBackend) -> dict[str, str]:
+async def described(backend: Threaded) -> dict[str, str]:
     try:
         line = await backend.describe()
     finally:
@@ -271,7 +274,7 @@ async def test_docker_named_as_the_podman_socket_is_reported_as_not_podman(reque
 
 
 @pytest.fixture
-async def podman_backend(podman_url: str) -> AsyncIterator[PodmanBackend]:
+async def podman_backend(podman_url: str) -> AsyncIterator[Threaded]:
     backend = _podman.from_settings(engine_settings("podman", podman_host=podman_url))
     try:
         yield backend
@@ -354,7 +357,7 @@ async def test_sandboxes_start_on_a_service_without_configured_ulimits(bare_serv
 
 @pytest.mark.podman
 async def test_a_missing_image_is_pulled_once_then_reported_with_the_way_to_load_it(
-    podman_backend: PodmanBackend,
+    podman_backend: Threaded,
 ) -> None:
     with pytest.raises(ImageMissing) as raised:
         await podman_backend.create(SandboxSpec("llm-sandbox-no-such-image:1", Limits()))
@@ -364,7 +367,7 @@ async def test_a_missing_image_is_pulled_once_then_reported_with_the_way_to_load
 
 
 @pytest.mark.podman
-async def test_output_survives_a_process_that_exits_without_reading_its_input(podman_backend: PodmanBackend) -> None:
+async def test_output_survives_a_process_that_exits_without_reading_its_input(podman_backend: Threaded) -> None:
     # Podman 4.3 loses the output of about half of these when the unread input is left behind.
     settings = engine_settings("podman")
     ref = await podman_backend.create(SandboxSpec(settings.image_for("python"), settings.limits()))
@@ -376,7 +379,7 @@ async def test_output_survives_a_process_that_exits_without_reading_its_input(po
 
 
 @pytest.mark.podman
-async def test_a_large_input_echoed_back_does_not_deadlock(podman_backend: PodmanBackend) -> None:
+async def test_a_large_input_echoed_back_does_not_deadlock(podman_backend: Threaded) -> None:
     settings = engine_settings("podman")
     ref = await podman_backend.create(SandboxSpec(settings.image_for("python"), settings.limits()))
     data = bytes(range(256)) * 8192  # 2 MiB: more than the socket buffers on either side hold
@@ -386,7 +389,7 @@ async def test_a_large_input_echoed_back_does_not_deadlock(podman_backend: Podma
 
 @pytest.mark.podman
 async def test_a_sandbox_where_the_kill_cannot_run_is_removed_instead(
-    podman_backend: PodmanBackend, podman_url: str
+    podman_backend: Threaded, podman_url: str
 ) -> None:
     settings = engine_settings("podman")
     ref = await podman_backend.create(SandboxSpec(settings.image_for("python"), settings.limits()))

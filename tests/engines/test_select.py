@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from llm_sandbox_mcp.backends._select import select_backend
+from llm_sandbox_mcp.backends import select_backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable
 from tests.engines.conftest import require

@@ -116,6 +116,7 @@ class BubblewrapBackend:
     """Sandboxes as bubblewrap namespaces on this host."""
 
     name = "bubblewrap"
+    install_network = "host"  # its only network besides none is the host's
 
     def __init__(self, bwrap_path: Path | None, probe_uid: int = 65534, probe_gid: int = 65534) -> None:
         self._configured = bwrap_path
@@ -198,7 +199,7 @@ class BubblewrapBackend:
             raise
         box = _Sandbox(sandbox_id, spec, holder, holder_pid, cgroup, state_file)
         self._boxes[sandbox_id] = box
-        return SandboxRef(id=sandbox_id, spec=spec, handle=box)
+        return SandboxRef(id=sandbox_id, spec=spec)
 
     def _cache_dir(self, host: _Host, spec: SandboxSpec) -> Path:
         assert spec.cache is not None

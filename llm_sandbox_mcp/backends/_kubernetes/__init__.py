@@ -1,6 +1,6 @@
 """Kubernetes backend: one hardened pod per sandbox, processes over the `pods/exec` WebSocket.
 
-The client is wrapped in `api` (typed, blocking, plain JSON) and every call runs in a worker thread; the
+The client is wrapped in `api` (typed, blocking, plain JSON) and every call runs in a worker thread (`Threaded`); the
 objects come from `pod` and exec frames are handled in `exec`.
 """
 
@@ -11,14 +11,11 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import anyio
-import anyio.to_thread
-
-from llm_sandbox_mcp.backends import _owner
+from llm_sandbox_mcp.backends import VANISHED_EXIT, _owner
 from llm_sandbox_mcp.backends._container import CACHE_PREFIX, KILL_ALL
 from llm_sandbox_mcp.backends._kubernetes.api import ApiFailure, Cluster, connect
 from llm_sandbox_mcp.backends._kubernetes.exec import ExecRefused, ExecStream, WebSocketProcess, exit_code, pump, wrap
@@ -40,9 +37,10 @@ from llm_sandbox_mcp.backends._kubernetes.pod import (
     security_context,
     started,
 )
+from llm_sandbox_mcp.backends._threaded import Threaded
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, SandboxFailure
-from llm_sandbox_mcp.models import WORKDIR, ExecResult, HeadTail, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.models import ExecResult, HeadTail, SandboxRef, SandboxSpec
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +49,11 @@ _MIN_TTL = 24 * 3600
 _RBAC_HINT = "the server's identity needs the Role in the README's Kubernetes section"
 
 
-class KubernetesBackend:
-    """Sandboxes as pods in one namespace. Every client call runs in a worker thread."""
+class KubernetesEngine:
+    """Sandboxes as pods in one namespace, through the synchronous client (`Threaded` makes it a Backend)."""
 
     name = "kubernetes"
+    install_network = "bridge"  # not "none": the pod network, outside the deny-all NetworkPolicy
 
     def __init__(
         self,
@@ -75,7 +74,6 @@ class KubernetesBackend:
         self._connect_lock = threading.Lock()
         self._policy_lock = threading.Lock()
         self._policy_ensured = False
-        self._live: set[str] = set()
 
     def _connection(self) -> Cluster:
         with self._connect_lock:
@@ -98,11 +96,7 @@ class KubernetesBackend:
 
     # ---- create ---------------------------------------------------------------------------------
 
-    async def create(self, spec: SandboxSpec) -> SandboxRef:
-        name = await anyio.to_thread.run_sync(self._create, spec)
-        return SandboxRef(id=name, spec=spec)
-
-    def _create(self, spec: SandboxSpec) -> str:
+    def create(self, spec: SandboxSpec, track: Callable[[str], None]) -> str:
         self._ensure_policy()
         if spec.cache is not None and spec.cache.writable:
             self._ensure_claim(spec.cache.key)
@@ -116,11 +110,11 @@ class KubernetesBackend:
             raise SandboxFailure(f"Kubernetes refused the sandbox pod for {spec.image!r}: {exc.message}{hint}") from exc
         except ValueError as exc:  # recent clients validate bodies against their models: SANDBOX_K8S_POD_TEMPLATE
             raise SandboxFailure(f"The Kubernetes client refused the sandbox pod manifest: {exc}") from exc
-        self._live.add(name)
+        track(name)
         try:
             self._wait_running(name, created)
         except BaseException:
-            self._delete(name)
+            self.remove(name)
             raise
         return name
 
@@ -186,22 +180,7 @@ class KubernetesBackend:
 
     # ---- processes ------------------------------------------------------------------------------
 
-    async def exec(
-        self,
-        ref: SandboxRef,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        stdin: bytes = b"",
-        env: Mapping[str, str] | None = None,
-        workdir: PurePosixPath = WORKDIR,
-        output_limit: int | None = None,
-    ) -> ExecResult:
-        return await anyio.to_thread.run_sync(
-            self._exec, ref, list(argv), timeout, stdin, dict(env or {}), workdir, output_limit
-        )
-
-    def _exec(
+    def exec(
         self,
         ref: SandboxRef,
         argv: list[str],
@@ -227,35 +206,21 @@ class KubernetesBackend:
             code = exit_code(status)
         except ExecRefused as exc:
             raise SandboxFailure(f"Kubernetes could not run {argv[0]!r} in sandbox {ref.id}: {exc}") from exc
-        if code is None:  # the stream ended without a status: the pod, or the connection, went away
-            if not timed_out:
-                self._check_running(ref.id)
-            code = 137 if timed_out else -1
+        if code is None:  # the stream ended without a status: the pod, or only the connection, went away
+            code = VANISHED_EXIT if timed_out or not self._running(ref.id) else -1
         return ExecResult.captured(code, out, err, timed_out=timed_out, started=begun)
 
-    def _check_running(self, name: str) -> None:
-        """Raise SandboxFailure when the pod is gone or no longer running."""
+    def _running(self, name: str) -> bool:
+        """Whether the pod still exists and runs."""
         try:
             pod = self._call("core", "read_namespaced_pod", name, self.namespace)
-        except ApiFailure as exc:
-            raise SandboxFailure(f"The sandbox {name} is gone ({exc.message})") from exc
-        if pod.get("status", {}).get("phase") != "Running" or pod.get("metadata", {}).get("deletionTimestamp"):
-            raise SandboxFailure(f"The sandbox {name} stopped: {pending_reason(pod)}")
+        except ApiFailure:
+            return False
+        return pod.get("status", {}).get("phase") == "Running" and not pod.get("metadata", {}).get("deletionTimestamp")
 
-    async def start(
-        self,
-        ref: SandboxRef,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        workdir: PurePosixPath = WORKDIR,
-    ) -> WebSocketProcess:
-        command = wrap(argv, dict(env or {}), workdir, ref.spec.limits.nofile)
-        exec_stream = await anyio.to_thread.run_sync(self._open_exec, ref.id, command, True)
-        return WebSocketProcess(exec_stream)
-
-    async def kill_all(self, ref: SandboxRef) -> None:
-        await anyio.to_thread.run_sync(self._kill_all, ref.id)
+    def start(self, ref: SandboxRef, argv: list[str], env: dict[str, str], workdir: PurePosixPath) -> WebSocketProcess:
+        command = wrap(argv, env, workdir, ref.spec.limits.nofile)
+        return WebSocketProcess(self._open_exec(ref.id, command, stdin=True))
 
     def _kill_all(self, name: str) -> None:
         """Kill every process of the sandbox user; PID 1 (the idle sleeper) is immune, so the pod stays."""
@@ -263,7 +228,7 @@ class KubernetesBackend:
             exec_stream = self._open_exec(name, KILL_ALL, stdin=False)
         except SandboxFailure as exc:
             logger.warning("Could not kill the processes in %s (%s); deleting it", name, exc)
-            self._delete(name)
+            self.remove(name)
             return
         try:
             sink = HeadTail(4096)
@@ -273,43 +238,33 @@ class KubernetesBackend:
 
     # ---- removal --------------------------------------------------------------------------------
 
-    async def destroy(self, ref: SandboxRef) -> None:
-        await anyio.to_thread.run_sync(self._delete, ref.id)
+    def kill_all(self, ref: SandboxRef) -> None:
+        self._kill_all(ref.id)
 
-    def _delete(self, name: str) -> None:
-        self._live.discard(name)
+    def remove(self, name: str) -> None:
         try:
             self._call("core", "delete_namespaced_pod", name, self.namespace, grace_period_seconds=0)
         except ApiFailure as exc:
             if exc.status != 404:
                 logger.warning("Could not delete sandbox pod %s: %s", name, exc.message)
 
-    async def drop_cache(self, key: str) -> None:
-        await anyio.to_thread.run_sync(self._drop_cache, key)
-
-    def _drop_cache(self, key: str) -> None:
+    def drop_cache(self, key: str) -> None:
         try:
             self._call("core", "delete_namespaced_persistent_volume_claim", CACHE_PREFIX + key, self.namespace)
         except ApiFailure as exc:
             if exc.status != 404:
                 logger.warning("Could not delete library cache volume %s: %s", CACHE_PREFIX + key, exc.message)
 
-    async def sweep(self) -> int:
-        return await anyio.to_thread.run_sync(self._sweep)
-
-    def _sweep(self) -> int:
+    def sweep(self) -> int:
         listing = self._call("core", "list_namespaced_pod", self.namespace, label_selector=f"{_owner.MANAGED}=true")
         stale = [str(pod["metadata"]["name"]) for pod in items(listing) if _is_stale(owner_info(pod))]
         for name in stale:
-            self._delete(name)
+            self.remove(name)
         return len(stale)
 
     # ---- about ----------------------------------------------------------------------------------
 
-    async def describe(self) -> str:
-        return await anyio.to_thread.run_sync(self._describe)
-
-    def _describe(self) -> str:
+    def describe(self) -> str:
         try:
             version = self._call("version", "get_code")
         except ApiFailure as exc:
@@ -329,12 +284,7 @@ class KubernetesBackend:
             return f"NetworkPolicy {POLICY_NAME} unknown ({exc.message})"
         return f"NetworkPolicy {POLICY_NAME} in place"
 
-    async def aclose(self) -> None:
-        await anyio.to_thread.run_sync(self._close)
-
-    def _close(self) -> None:
-        for name in list(self._live):
-            self._delete(name)
+    def close(self) -> None:
         with self._connect_lock:
             if self._cluster is not None:
                 self._cluster.close()
@@ -353,7 +303,7 @@ def _is_stale(metadata: Mapping[str, str]) -> bool:
         return False
 
 
-def from_settings(settings: Settings) -> KubernetesBackend:
+def from_settings(settings: Settings) -> Threaded:
     """Raises BackendUnavailable for a SANDBOX_SECURITY_OPT or pod template that cannot apply to pods."""
     try:
         security_context(settings.sandbox_security_opt)
@@ -367,6 +317,8 @@ def from_settings(settings: Settings) -> KubernetesBackend:
         settings.sandbox_k8s_cache_access_mode,
     )
     ttl = max(_MIN_TTL, settings.sandbox_session_max_lifetime + 3600)
-    return KubernetesBackend(
-        settings.kubeconfig, settings.namespace, options, claim, settings.sandbox_k8s_start_timeout, ttl
+    return Threaded(
+        KubernetesEngine(
+            settings.kubeconfig, settings.namespace, options, claim, settings.sandbox_k8s_start_timeout, ttl
+        )
     )

@@ -17,20 +17,19 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import PurePosixPath
 from typing import Any, cast
 
-import anyio
-import anyio.to_thread
 from podman import PodmanClient
 from podman.errors.exceptions import APIError, ImageNotFound, NotFound
 
-from llm_sandbox_mcp.backends import _owner
+from llm_sandbox_mcp.backends import VANISHED_EXIT, _owner
 from llm_sandbox_mcp.backends._container import CACHE_PREFIX, KILL_ALL
 from llm_sandbox_mcp.backends._podman.libpod import ExecStartError, container_spec, exec_body, start_exec
 from llm_sandbox_mcp.backends._podman.service import LIMITS_HINT, Candidate, Engine, candidates, connect, detail, find
 from llm_sandbox_mcp.backends._stream import SocketProcess, pump
+from llm_sandbox_mcp.backends._threaded import Threaded
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, HeadTail, SandboxRef, SandboxSpec
@@ -53,17 +52,17 @@ def dropped_limits(warnings: Sequence[str]) -> list[str]:
     return [w for w in warnings if any(word in w.lower() for word in ("limit", "discarded", "ignored"))]
 
 
-class PodmanBackend:
+class PodmanEngine:
     """Sandboxes as Podman containers, with the Docker backend's hardening, limits, labels and cache design."""
 
     name = "podman"
+    install_network = "bridge"
 
     def __init__(self, sockets: Sequence[Candidate]) -> None:
         self._sockets = list(sockets)
         self._client: PodmanClient | None = None
         self._socket: Candidate | None = None
         self._connect_lock = threading.Lock()
-        self._live: set[str] = set()
         self._images: set[str] = set()
 
     def _podman(self) -> PodmanClient:
@@ -72,11 +71,7 @@ class PodmanBackend:
                 self._client, self._socket = find(self._sockets)
             return self._client
 
-    async def create(self, spec: SandboxSpec) -> SandboxRef:
-        container_id = await anyio.to_thread.run_sync(self._create, spec)
-        return SandboxRef(id=container_id, spec=spec)
-
-    def _create(self, spec: SandboxSpec) -> str:
+    def create(self, spec: SandboxSpec, track: Callable[[str], None]) -> str:
         api = self._podman().api
         try:
             body = container_spec(spec, _owner.owner_labels())
@@ -94,17 +89,17 @@ class PodmanBackend:
                 raise ImageMissing(f"Image {spec.image!r} left Podman's image store: {detail(exc)}") from exc
         created: dict[str, Any] = response.json()
         container_id = str(created["Id"])
-        self._live.add(container_id)
+        track(container_id)
         dropped = dropped_limits(created.get("Warnings") or [])
         if dropped:
-            self._remove(container_id)
+            self.remove(container_id)
             raise SandboxFailure(
                 f"Podman would not enforce this sandbox's limits ({'; '.join(dropped)}); {LIMITS_HINT}"
             )
         try:
             api.post(f"/containers/{container_id}/start").raise_for_status()
         except APIError as exc:
-            self._remove(container_id)
+            self.remove(container_id)
             raise SandboxFailure(f"Podman could not start a sandbox from {spec.image!r}: {detail(exc)}") from exc
         return container_id
 
@@ -143,22 +138,7 @@ class PodmanBackend:
                 )
         self._images.add(image)
 
-    async def exec(
-        self,
-        ref: SandboxRef,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        stdin: bytes = b"",
-        env: Mapping[str, str] | None = None,
-        workdir: PurePosixPath = WORKDIR,
-        output_limit: int | None = None,
-    ) -> ExecResult:
-        return await anyio.to_thread.run_sync(
-            self._exec, ref, list(argv), timeout, stdin, dict(env or {}), workdir, output_limit
-        )
-
-    def _exec(
+    def exec(
         self,
         ref: SandboxRef,
         argv: list[str],
@@ -229,31 +209,18 @@ class PodmanBackend:
             try:
                 response = api.get(f"/exec/{exec_id}/json")
                 response.raise_for_status()
-            except APIError:  # the sandbox was removed meanwhile
-                return -1
+            except APIError:  # the sandbox was removed meanwhile: its processes were killed
+                return VANISHED_EXIT
             info: dict[str, Any] = response.json()
             if not info.get("Running") and info.get("ExitCode") is not None:
                 return int(info["ExitCode"])
             time.sleep(0.02)
         return -1
 
-    async def start(
-        self,
-        ref: SandboxRef,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        workdir: PurePosixPath = WORKDIR,
-    ) -> SocketProcess:
-        return await anyio.to_thread.run_sync(self._start, ref, list(argv), dict(env or {}), workdir)
-
-    def _start(self, ref: SandboxRef, argv: list[str], env: dict[str, str], workdir: PurePosixPath) -> SocketProcess:
+    def start(self, ref: SandboxRef, argv: list[str], env: dict[str, str], workdir: PurePosixPath) -> SocketProcess:
         _, sock = self._open_exec(ref.id, argv, _user(ref), env, workdir)
         sock.settimeout(None)
         return SocketProcess(sock, lambda: None)
-
-    async def kill_all(self, ref: SandboxRef) -> None:
-        await anyio.to_thread.run_sync(self._kill_all, ref.id, _user(ref))
 
     def _kill_all(self, container_id: str, user: str) -> None:
         """Kill every process of the sandbox user; PID 1 is immune, so the sandbox stays.
@@ -270,13 +237,12 @@ class PodmanBackend:
             exit_code, why = -1, str(exc)
         if exit_code not in (0, 1):  # 1: nothing was left to kill
             logger.warning("Could not kill the processes in %s (%s); removing it", container_id[:12], why)
-            self._remove(container_id)
+            self.remove(container_id)
 
-    async def destroy(self, ref: SandboxRef) -> None:
-        await anyio.to_thread.run_sync(self._remove, ref.id)
+    def kill_all(self, ref: SandboxRef) -> None:
+        self._kill_all(ref.id, _user(ref))
 
-    def _remove(self, container_id: str) -> None:
-        self._live.discard(container_id)
+    def remove(self, container_id: str) -> None:
         try:
             self._podman().containers.remove(container_id, force=True, v=True)
         except NotFound:
@@ -284,10 +250,7 @@ class PodmanBackend:
         except APIError as exc:
             logger.warning("Could not remove sandbox %s: %s", container_id[:12], exc.explanation)
 
-    async def drop_cache(self, key: str) -> None:
-        await anyio.to_thread.run_sync(self._drop_cache, key)
-
-    def _drop_cache(self, key: str) -> None:
+    def drop_cache(self, key: str) -> None:
         try:
             self._podman().volumes.remove(CACHE_PREFIX + key, force=True)
         except NotFound:
@@ -295,21 +258,15 @@ class PodmanBackend:
         except APIError as exc:
             logger.warning("Could not remove library cache %s: %s", key, exc.explanation)
 
-    async def sweep(self) -> int:
-        return await anyio.to_thread.run_sync(self._sweep)
-
-    def _sweep(self) -> int:
+    def sweep(self) -> int:
         with _failing("list sandboxes"):
             containers = self._podman().containers.list(all=True, filters={"label": f"{_owner.MANAGED}=true"})
         stale = [str(c.id) for c in containers if _owner.owner_is_gone(c.labels or {})]
         for container_id in stale:
-            self._remove(container_id)
+            self.remove(container_id)
         return len(stale)
 
-    async def describe(self) -> str:
-        return await anyio.to_thread.run_sync(self._describe)
-
-    def _describe(self) -> str:
+    def describe(self) -> str:
         client = self._podman()
         try:
             engine = Engine.from_info(client.info())
@@ -326,16 +283,10 @@ class PodmanBackend:
             raise BackendUnavailable(f"{line}: {problem}")
         return line
 
-    async def aclose(self) -> None:
-        await anyio.to_thread.run_sync(self._close)
-
-    def _close(self) -> None:
-        if self._client is None:
-            return
-        for container_id in list(self._live):
-            self._remove(container_id)
-        self._client.close()
-        self._client = None
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
 
 @contextlib.contextmanager
@@ -355,5 +306,5 @@ def _noop() -> None:
     pass
 
 
-def from_settings(settings: Settings) -> PodmanBackend:
-    return PodmanBackend(candidates(settings.podman_host, settings.docker_host, os.environ, os.getuid()))
+def from_settings(settings: Settings) -> Threaded:
+    return Threaded(PodmanEngine(candidates(settings.podman_host, settings.docker_host, os.environ, os.getuid())))

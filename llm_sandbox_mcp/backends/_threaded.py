@@ -1,0 +1,135 @@
+"""A Backend over an engine whose SDK blocks (Docker, Podman, Kubernetes): every call in a worker thread.
+
+The engines write only what differs between them, synchronously; this adaptor gives them the async Backend
+interface and keeps the one record of which sandboxes this process made, so `aclose` removes them all.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import PurePosixPath
+from typing import Protocol
+
+import anyio.to_thread
+
+from llm_sandbox_mcp.backends import SandboxProcess
+from llm_sandbox_mcp.models import WORKDIR, ExecResult, SandboxRef, SandboxSpec
+
+
+class Engine(Protocol):
+    """The blocking half of a backend. Same contract as `Backend`, method for method, by sandbox id."""
+
+    name: str
+    install_network: str
+
+    def create(self, spec: SandboxSpec, track: Callable[[str], None], /) -> str:
+        """Make a running sandbox and return its id; call `track(id)` as soon as it exists on the engine, so
+        it is removed at close even when starting it fails or is abandoned."""
+        ...
+
+    def exec(
+        self,
+        ref: SandboxRef,
+        argv: list[str],
+        timeout: float,
+        stdin: bytes,
+        env: dict[str, str],
+        workdir: PurePosixPath,
+        output_limit: int | None,
+        /,
+    ) -> ExecResult: ...
+
+    def start(
+        self, ref: SandboxRef, argv: list[str], env: dict[str, str], workdir: PurePosixPath
+    ) -> SandboxProcess: ...
+
+    def kill_all(self, ref: SandboxRef, /) -> None: ...
+
+    def remove(self, sandbox_id: str, /) -> None:
+        """Remove a sandbox and everything in it. Idempotent; logs what it cannot do, never raises."""
+        ...
+
+    def drop_cache(self, key: str, /) -> None: ...
+
+    def sweep(self) -> int: ...
+
+    def describe(self) -> str: ...
+
+    def close(self) -> None:
+        """Release the engine connection."""
+        ...
+
+
+class Threaded:
+    """`Backend` for an `Engine`."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.name = engine.name
+        self.install_network = engine.install_network
+        self._live: set[str] = set()
+        self._lock = threading.Lock()
+
+    def _track(self, sandbox_id: str) -> None:
+        with self._lock:
+            self._live.add(sandbox_id)
+
+    def _remove(self, sandbox_id: str) -> None:
+        with self._lock:
+            self._live.discard(sandbox_id)
+        self.engine.remove(sandbox_id)
+
+    async def create(self, spec: SandboxSpec) -> SandboxRef:
+        sandbox_id = await anyio.to_thread.run_sync(self.engine.create, spec, self._track)
+        return SandboxRef(id=sandbox_id, spec=spec)
+
+    async def exec(
+        self,
+        ref: SandboxRef,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        stdin: bytes = b"",
+        env: Mapping[str, str] | None = None,
+        workdir: PurePosixPath = WORKDIR,
+        output_limit: int | None = None,
+    ) -> ExecResult:
+        return await anyio.to_thread.run_sync(
+            self.engine.exec, ref, list(argv), timeout, stdin, dict(env or {}), workdir, output_limit
+        )
+
+    async def start(
+        self,
+        ref: SandboxRef,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        workdir: PurePosixPath = WORKDIR,
+    ) -> SandboxProcess:
+        return await anyio.to_thread.run_sync(self.engine.start, ref, list(argv), dict(env or {}), workdir)
+
+    async def kill_all(self, ref: SandboxRef) -> None:
+        await anyio.to_thread.run_sync(self.engine.kill_all, ref)
+
+    async def destroy(self, ref: SandboxRef) -> None:
+        await anyio.to_thread.run_sync(self._remove, ref.id)
+
+    async def drop_cache(self, key: str) -> None:
+        await anyio.to_thread.run_sync(self.engine.drop_cache, key)
+
+    async def sweep(self) -> int:
+        return await anyio.to_thread.run_sync(self.engine.sweep)
+
+    async def describe(self) -> str:
+        return await anyio.to_thread.run_sync(self.engine.describe)
+
+    async def aclose(self) -> None:
+        await anyio.to_thread.run_sync(self._close)
+
+    def _close(self) -> None:
+        with self._lock:
+            live, self._live = list(self._live), set()
+        for sandbox_id in live:
+            self.engine.remove(sandbox_id)
+        self.engine.close()
