@@ -12,12 +12,13 @@ from typing import Annotated, Literal, get_args
 from pydantic import AliasChoices, BeforeValidator, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from llm_sandbox_mcp.defaults import IMAGES, SANDBOX_USER
 from llm_sandbox_mcp.errors import ConfigError
 from llm_sandbox_mcp.models import Limits
 
 BackendChoice = Literal["auto", "docker", "podman", "kubernetes", "bubblewrap"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
-LANGUAGES = ("python", "javascript", "go", "cpp", "java", "r", "ruby")
+_SECURE = Limits()
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -75,16 +76,16 @@ class Settings(BaseSettings):
     namespace: str = "default"
     commit_container: bool = False
     keep_template: bool = True
-    sandbox_network_mode: str = "none"
-    sandbox_read_only: bool = True
+    sandbox_network_mode: str = _SECURE.network_mode
+    sandbox_read_only: bool = _SECURE.read_only
     sandbox_mem_limit: Size = Field(
-        default=512 * 1024**2, validation_alias=AliasChoices("SANDBOX_MEM_LIMIT", "SANDBOX_MEMORY")
+        default=_SECURE.memory_bytes, validation_alias=AliasChoices("SANDBOX_MEM_LIMIT", "SANDBOX_MEMORY")
     )
     sandbox_cpus: PositiveFloat | None = None
     sandbox_cpu_count: PositiveInt | None = None
-    sandbox_cap_drop: CommaList = Field(default_factory=lambda: ["ALL"])
-    sandbox_security_opt: CommaList = Field(default_factory=lambda: ["no-new-privileges:true"])
-    sandbox_privileged: bool = False
+    sandbox_cap_drop: CommaList = Field(default_factory=lambda: list(_SECURE.cap_drop))
+    sandbox_security_opt: CommaList = Field(default_factory=lambda: list(_SECURE.security_opt))
+    sandbox_privileged: bool = _SECURE.privileged
 
     # Ours.
     podman_host: str | None = None
@@ -92,11 +93,11 @@ class Settings(BaseSettings):
     sandbox_max_timeout: PositiveFloat = 300.0
     sandbox_install_timeout: PositiveFloat = 300.0
     sandbox_output_limit: Size = 64 * 1024
-    sandbox_pids_limit: PositiveInt = 128
-    sandbox_nofile_limit: PositiveInt = 1024
-    sandbox_workspace_size: Size = 256 * 1024**2
-    sandbox_tmp_size: Size = 64 * 1024**2
-    sandbox_user: str = "65534:65534"
+    sandbox_pids_limit: PositiveInt = _SECURE.pids
+    sandbox_nofile_limit: PositiveInt = _SECURE.nofile
+    sandbox_workspace_size: Size = _SECURE.workspace_bytes
+    sandbox_tmp_size: Size = _SECURE.tmp_bytes
+    sandbox_user: str = SANDBOX_USER
     sandbox_pool_size: int = Field(default=2, ge=0, le=16)
     sandbox_max_concurrency: PositiveInt = 4
     sandbox_install_network_mode: str | None = None
@@ -126,13 +127,13 @@ class Settings(BaseSettings):
     sandbox_session_network_mode: str | None = None
     sandbox_host_dirs: CommaList = Field(default_factory=lambda: [])
     sandbox_max_file_size: Size = 16 * 1024**2
-    sandbox_image_python: str = "python:3.12-slim"
-    sandbox_image_javascript: str = "node:22-slim"
-    sandbox_image_go: str = "golang:1.23-bookworm"
-    sandbox_image_cpp: str = "gcc:14"
-    sandbox_image_java: str = "eclipse-temurin:21-jdk"
-    sandbox_image_r: str = "r-base:4.4.2"
-    sandbox_image_ruby: str = "ruby:3.3-slim"
+    sandbox_image_python: str = IMAGES["python"]
+    sandbox_image_javascript: str = IMAGES["javascript"]
+    sandbox_image_go: str = IMAGES["go"]
+    sandbox_image_cpp: str = IMAGES["cpp"]
+    sandbox_image_java: str = IMAGES["java"]
+    sandbox_image_r: str = IMAGES["r"]
+    sandbox_image_ruby: str = IMAGES["ruby"]
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
@@ -155,7 +156,9 @@ class Settings(BaseSettings):
     def limits(self) -> Limits:
         """The per-sandbox limits these settings describe."""
         # SANDBOX_CPU_COUNT is a whole number of CPUs and wins over SANDBOX_CPUS, as in the reference server.
-        cpus = float(self.sandbox_cpu_count) if self.sandbox_cpu_count is not None else (self.sandbox_cpus or 1.0)
+        cpus = (
+            float(self.sandbox_cpu_count) if self.sandbox_cpu_count is not None else (self.sandbox_cpus or _SECURE.cpus)
+        )
         uid, _, gid = self.sandbox_user.partition(":")
         return Limits(
             memory_bytes=self.sandbox_mem_limit,

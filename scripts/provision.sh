@@ -29,17 +29,19 @@ LOCAL_CA_DIR=/usr/local/share/ca-certificates
 # shellcheck disable=SC2054 # the commas belong to --include
 DEBOOTSTRAP_ARGS=(--variant=minbase --components=main --include=ca-certificates,procps)
 
-ALL_LANGUAGES=(python javascript go cpp java r ruby)
-declare -A IMAGE=(
-  [python]=python:3.12-slim
-  [javascript]=node:22-slim
-  [go]=golang:1.23-bookworm
-  [cpp]=gcc:14
-  [java]=eclipse-temurin:21-jdk
-  [r]=r-base:4.4.2
-  [ruby]=ruby:3.3-slim
-)
-# Run in every image as uid 65534 without network; the first line of output is the version
+DEFAULTS="$SCRIPT_DIR/../llm_sandbox_mcp/defaults.py"
+# The images and the sandbox user come from the package's one table of them, read without Python.
+ALL_LANGUAGES=()
+declare -A IMAGE=()
+while IFS= read -r line; do
+  if [[ $line =~ ^[[:space:]]+\"([a-z]+)\":[[:space:]]*\"([^\"]+)\",$ ]]; then
+    ALL_LANGUAGES+=("${BASH_REMATCH[1]}")
+    IMAGE[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}
+  fi
+done < <(sed -n '/^IMAGES = {$/,/^}$/p' "$DEFAULTS")
+SANDBOX_USER=$(sed -n 's/^SANDBOX_USER = "\([0-9]*:[0-9]*\)"$/\1/p' "$DEFAULTS")
+((${#ALL_LANGUAGES[@]} > 0)) && [[ -n $SANDBOX_USER ]] || { echo "provision: cannot read $DEFAULTS" >&2; exit 1; }
+# Run in every image as the sandbox user without network; the first line of output is the version
 # reported in the progress line. `env X` runs the executable, not a shell builtin.
 # shellcheck disable=SC2016 # expanded by sh inside the image
 COMMON_CHECK='env sh -c : && env tar --version >/dev/null && env sleep 0 && env cat /dev/null && env kill -0 $$'
@@ -136,8 +138,9 @@ cleanup() {
 
 usage() {
   cat <<EOF
-Usage: $0 [--languages LIST]
+Usage: $0 [--languages LIST] [--print-images]
   LIST: comma-separated subset of: ${ALL_LANGUAGES[*]} (default: all)
+  --print-images: print "LANGUAGE IMAGE" per line, then the sandbox user, and exit
 EOF
 }
 
@@ -147,6 +150,10 @@ parse_args() {
     case $1 in
       --languages) (($# >= 2)) || { usage >&2; exit 2; }; list=$2; shift 2 ;;
       --languages=*) list=${1#*=}; shift ;;
+      --print-images)
+        for lang in "${ALL_LANGUAGES[@]}"; do printf '%s %s\n' "$lang" "${IMAGE[$lang]}"; done
+        printf 'user %s\n' "$SANDBOX_USER"
+        exit 0 ;;
       -h | --help) usage; exit 0 ;;
       *) usage >&2; exit 2 ;;
     esac
@@ -412,7 +419,7 @@ recipe_of() { # recipe_of DOCKERFILE: hash of the Dockerfile and the base image 
 run_as_sandbox() { # run_as_sandbox IMAGE SCRIPT ENGINE_COMMAND...: run SCRIPT as the product runs code
   local image=$1 script=$2
   shift 2
-  "$@" run --rm --network none --user 65534:65534 -e HOME=/tmp "$image" sh -c "$script"
+  "$@" run --rm --network none --user "$SANDBOX_USER" -e HOME=/tmp "$image" sh -c "$script"
 }
 
 build_image() { # build_image LANGUAGE: build the docker image unless its recipe is unchanged
@@ -427,7 +434,7 @@ build_image() { # build_image LANGUAGE: build the docker image unless its recipe
     --label "org.llm-sandbox-mcp.language=$lang" -t "$image" -f "$dockerfile" "$IMAGES_DIR"
   if ! output=$(run_as_sandbox "$image" "$COMMON_CHECK && ${RUNTIME_CHECK[$lang]}" docker 2>&1); then
     docker rmi -f "$image" >/dev/null 2>&1 || true  # so that the next run builds it again
-    printf 'runtime check as uid 65534 failed:\n%s\n' "$output" >>"$log"
+    printf 'runtime check as %s failed:\n%s\n' "$SANDBOX_USER" "$output" >>"$log"
     die "$image was built but its runtime check failed" "$log"
   fi
   printf 'runtime check:\n%s\n' "$output" >>"$log"

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,8 @@ import pytest
 from llm_sandbox_mcp.cli import main
 from llm_sandbox_mcp.config import Settings, env_name, load_settings, parse_size
 from llm_sandbox_mcp.errors import ConfigError
+from llm_sandbox_mcp.languages import LANGUAGES
+from llm_sandbox_mcp.models import Limits
 
 README = Path(__file__).parents[2] / "README.md"
 
@@ -126,3 +129,14 @@ def test_server_json_declares_every_variable_with_the_readme_default() -> None:
     assert set(declared) == set(documented)
     for name, default in declared.items():
         assert default == (None if documented[name] in ("unset", "—") else documented[name]), name
+
+
+def test_provisioning_builds_exactly_the_images_and_user_the_settings_default_to() -> None:
+    script = Path(__file__).parents[2] / "scripts" / "provision.sh"
+    printed = subprocess.run(
+        ["bash", str(script), "--print-images"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout.splitlines()
+    settings = Settings()
+    expected = [f"{language} {settings.image_for(language)}" for language in LANGUAGES]
+    assert printed == [*expected, f"user {settings.sandbox_user}"]
+    assert settings.limits().uid == Limits().uid and settings.limits() == Limits()
