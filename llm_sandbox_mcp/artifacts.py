@@ -3,21 +3,34 @@
 from __future__ import annotations
 
 import mimetypes
-from dataclasses import dataclass
 from pathlib import PurePosixPath
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp", "image/svg+xml"})
 _EXTRA_TYPES = {".webp": "image/webp", ".svg": "image/svg+xml", ".md": "text/markdown", ".csv": "text/csv"}
+# Non-image files are embedded in the result up to this size each; larger ones are listed only.
+EMBED_LIMIT = 64 * 1024
 
 
-@dataclass(frozen=True)
-class Artifact:
-    """One output file. `data` is None when it was too large to return inline."""
+class Artifact(BaseModel):
+    """One output file, as the result lists it. `data` (never serialised) is what was read of it, None when it
+    was over the budget; `inline` says whether the result carries it."""
 
-    name: str
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(description="Path relative to the output directory")
     mime_type: str
-    size: int
-    data: bytes | None
+    size: int = Field(description="Size in bytes")
+    inline: bool = Field(description="Whether the content is included in this result")
+    data: SkipJsonSchema[bytes | None] = Field(default=None, exclude=True, repr=False)
+
+    @classmethod
+    def of(cls, name: str, size: int, data: bytes | None) -> Artifact:
+        mime_type = mime_type_of(name)
+        inline = data is not None and (mime_type in IMAGE_TYPES or size <= EMBED_LIMIT)
+        return cls(name=name, mime_type=mime_type, size=size, inline=inline, data=data)
 
     @property
     def is_image(self) -> bool:
@@ -38,5 +51,5 @@ def collect(files: dict[PurePosixPath, bytes], inline_limit: int) -> list[Artifa
         inline = len(data) <= budget
         if inline:
             budget -= len(data)
-        artifacts.append(Artifact(str(path), mime_type_of(str(path)), len(data), data if inline else None))
+        artifacts.append(Artifact.of(str(path), len(data), data if inline else None))
     return artifacts

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -13,12 +12,12 @@ from collections.abc import Sequence
 import anyio
 
 from llm_sandbox_mcp import __version__
-from llm_sandbox_mcp.backends import BACKENDS, load_backend
-from llm_sandbox_mcp.backends._select import select_backend
+from llm_sandbox_mcp.backends import BACKENDS, load_backend, select_backend
 from llm_sandbox_mcp.config import Settings, load_settings
 from llm_sandbox_mcp.errors import ConfigError, SandboxError
-from llm_sandbox_mcp.executor import Execution, Executor
+from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import LANGUAGES
+from llm_sandbox_mcp.models import Execution
 
 logger = logging.getLogger("llm_sandbox_mcp")
 
@@ -135,9 +134,7 @@ async def _run(settings: Settings, args: argparse.Namespace) -> int:
         sys.stderr.write(f"llm-sandbox-mcp: {failure}\n")
         return 2
     if args.json:
-        from llm_sandbox_mcp.server import shape_execution
-
-        sys.stdout.write(json.dumps(shape_execution(execution).structured_content, indent=2) + "\n")
+        sys.stdout.write(execution.model_dump_json(indent=2) + "\n")
     else:
         sys.stdout.write(execution.stdout)
         sys.stderr.write(execution.stderr)

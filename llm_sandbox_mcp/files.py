@@ -13,11 +13,10 @@ from pathlib import Path
 
 import anyio.to_thread
 
+from llm_sandbox_mcp.backends import Backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import FileTransferError, InvalidRequest
-from llm_sandbox_mcp.executor import Executor
-from llm_sandbox_mcp.models import ExecResult
-from llm_sandbox_mcp.sessions import Session
+from llm_sandbox_mcp.models import ExecResult, SandboxRef
 from llm_sandbox_mcp.transfer import safe_relative
 
 _CONFINE = """
@@ -63,14 +62,16 @@ class FileEntry:
     size: int
 
 
-class SessionFiles:
-    def __init__(self, settings: Settings, executor: Executor) -> None:
-        self.settings = settings
-        self.executor = executor
+class Files:
+    """A sandbox's workspace, and the operator's allowed host directories."""
 
-    async def _script(self, session: Session, script: str, args: list[str], stdin: bytes = b"") -> ExecResult:
-        result = await self.executor.backend.exec(
-            session.lease.ref,
+    def __init__(self, settings: Settings, backend: Backend) -> None:
+        self.settings = settings
+        self.backend = backend
+
+    async def _script(self, ref: SandboxRef, script: str, args: list[str], stdin: bytes = b"") -> ExecResult:
+        result = await self.backend.exec(
+            ref,
             ["sh", "-c", script, "sh", *args],
             timeout=60,
             stdin=stdin,
@@ -86,20 +87,20 @@ class SessionFiles:
             limit = self.settings.sandbox_max_file_size
             raise FileTransferError(f"{size} bytes is above the limit of {limit} bytes (SANDBOX_MAX_FILE_SIZE)")
 
-    async def upload(self, session: Session, path: str, data: bytes) -> FileEntry:
+    async def upload(self, ref: SandboxRef, path: str, data: bytes) -> FileEntry:
         relative = safe_relative(path)
         self._check_size(len(data))
-        await self._script(session, _UPLOAD, [str(relative)], data)
+        await self._script(ref, _UPLOAD, [str(relative)], data)
         return FileEntry(str(relative), "file", len(data))
 
-    async def download(self, session: Session, path: str) -> bytes:
+    async def download(self, ref: SandboxRef, path: str) -> bytes:
         relative = safe_relative(path)
-        result = await self._script(session, _DOWNLOAD, [str(relative), str(self.settings.sandbox_max_file_size)])
+        result = await self._script(ref, _DOWNLOAD, [str(relative), str(self.settings.sandbox_max_file_size)])
         return result.stdout
 
-    async def list(self, session: Session, path: str = ".") -> list[FileEntry]:
+    async def list(self, ref: SandboxRef, path: str = ".") -> list[FileEntry]:
         relative = "." if path.strip() in ("", ".", "./") else str(safe_relative(path))
-        result = await self._script(session, _LIST, [relative])
+        result = await self._script(ref, _LIST, [relative])
         entries: list[FileEntry] = []
         for record in result.stdout.split(b"\0"):
             kind, _, rest = record.partition(b"\t")

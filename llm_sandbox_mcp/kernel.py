@@ -11,11 +11,10 @@ import json
 import struct
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 import anyio
 
-from llm_sandbox_mcp.artifacts import Artifact, mime_type_of
+from llm_sandbox_mcp.artifacts import Artifact
 from llm_sandbox_mcp.backends import Backend, SandboxProcess
 from llm_sandbox_mcp.errors import FileTransferError, SandboxFailure
 from llm_sandbox_mcp.languages import runner_source
@@ -33,22 +32,14 @@ class KernelDied(SandboxFailure):
     """The kernel process ended or broke the protocol."""
 
 
-@dataclass
-class KernelRun:
-    result: ExecResult
-    artifacts: list[Artifact] = field(default_factory=lambda: [])
-    kernel_lost: bool = False
-
-
 class Kernel:
     """One interpreter process in one sandbox."""
 
-    def __init__(self, backend: Backend, ref: SandboxRef, process: SandboxProcess, pid: int, version: str) -> None:
+    def __init__(self, backend: Backend, ref: SandboxRef, process: SandboxProcess) -> None:
         self.backend = backend
         self.ref = ref
         self.process = process
-        self.pid = pid
-        self.version = version
+        self.pid = 0
         self.alive = True
         self._buffer = bytearray()
         self._max_frame = 64 * 1024**2
@@ -58,14 +49,13 @@ class Kernel:
         """Start the kernel and wait for its hello. Raises KernelDied when it does not come up."""
         full_env = {**env, "LLM_SANDBOX_PRELOAD": "1" if preload else "0"}
         process = await backend.start(ref, ["python3", "-c", runner_source("python_kernel.py")], env=full_env)
-        kernel = cls(backend, ref, process, pid=0, version="")
+        kernel = cls(backend, ref, process)
         frame = await kernel._next_frame(time.monotonic() + _START_TIMEOUT)
         if frame is None or frame[0] != b"H":
             detail = process.stderr_tail().decode("utf-8", errors="replace").strip()[-2000:]
             await process.aclose()
             raise KernelDied(f"The Python interpreter in the sandbox did not start: {detail or 'no output'}")
-        hello = json.loads(frame[1])
-        kernel.pid, kernel.version = int(hello["pid"]), str(hello["python"])
+        kernel.pid = int(json.loads(frame[1])["pid"])
         return kernel
 
     async def _next_frame(self, deadline: float) -> tuple[bytes, bytes] | None:
@@ -100,8 +90,10 @@ class Kernel:
         timeout: float,
         output_limit: int,
         artifact_limit: int,
-    ) -> KernelRun:
-        """Run code; on timeout interrupt it (inline mode) or kill everything (fork mode), keeping what came back."""
+    ) -> ExecResult:
+        """Run code; on timeout interrupt it (inline mode) or kill everything (fork mode), keeping what came back.
+
+        The result carries the run's files and whether the interpreter was lost."""
         started = time.monotonic()
         out, err = HeadTail(output_limit), HeadTail(output_limit)
         artifacts: list[Artifact] = []
@@ -145,11 +137,10 @@ class Kernel:
             lost = True
             exit_code = 137
             err.feed(f"\n[the interpreter was lost: {exc}]\n".encode())
-        return KernelRun(
-            result=ExecResult.captured(exit_code, out, err, timed_out=timed_out, started=started),
-            artifacts=sorted(artifacts, key=lambda artifact: artifact.name),
-            kernel_lost=lost,
-        )
+        result = ExecResult.captured(exit_code, out, err, timed_out=timed_out, started=started)
+        result.artifacts = sorted(artifacts, key=lambda artifact: artifact.name)
+        result.interpreter_lost = lost
+        return result
 
     async def _kill(self) -> None:
         self.alive = False
@@ -170,4 +161,4 @@ def _artifact(body: bytes) -> Artifact | None:
         return None
     size = int(info["size"])
     inline = bool(info.get("inline")) and len(data) == size
-    return Artifact(name, mime_type_of(name), size, data if inline else None)
+    return Artifact.of(name, size, data if inline else None)

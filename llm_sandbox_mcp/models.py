@@ -1,10 +1,16 @@
-"""The vocabulary shared by the executor and the backends."""
+"""The vocabulary shared by the executor and the backends, including the one outcome of a run."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from llm_sandbox_mcp.artifacts import Artifact
+from llm_sandbox_mcp.defaults import SANDBOX_USER
 
 WORKDIR = PurePosixPath("/workspace")
 OUTPUT_DIR = WORKDIR / "outputs"
@@ -26,8 +32,8 @@ class Limits:
     cap_drop: tuple[str, ...] = ("ALL",)
     security_opt: tuple[str, ...] = ("no-new-privileges:true",)
     privileged: bool = False
-    uid: int = 65534
-    gid: int = 65534
+    uid: int = int(SANDBOX_USER.split(":")[0])
+    gid: int = int(SANDBOX_USER.split(":")[1])
 
 
 @dataclass(frozen=True)
@@ -54,12 +60,14 @@ class SandboxRef:
 
     id: str
     spec: SandboxSpec
-    handle: object = field(default=None, repr=False, compare=False)
 
 
 @dataclass
 class ExecResult:
-    """What one process in a sandbox did. A non-zero exit is a result, not an error."""
+    """What one process in a sandbox did, as raw bytes. A non-zero exit is a result, not an error.
+
+    A warm interpreter also reports the files the run left (`artifacts`) and whether it was lost on the way.
+    """
 
     exit_code: int
     stdout: bytes
@@ -67,6 +75,8 @@ class ExecResult:
     timed_out: bool = False
     truncated: bool = False
     duration_ms: float = 0.0
+    artifacts: list[Artifact] = field(default_factory=lambda: [])
+    interpreter_lost: bool = False
 
     @classmethod
     def captured(cls, exit_code: int, out: HeadTail, err: HeadTail, *, timed_out: bool, started: float) -> ExecResult:
@@ -120,3 +130,20 @@ class HeadTail:
             return bytes(self._head + self._tail)
         marker = f"\n[... {self.dropped} bytes truncated ...]\n".encode()
         return bytes(self._head) + marker + bytes(self._tail)
+
+
+class Execution(BaseModel):
+    """The outcome of one run, exactly as `execute_code` returns it. User code failing is an outcome, not an error."""
+
+    exit_code: int = Field(description="Exit status of the program; non-zero means it failed")
+    stdout: str
+    stderr: str
+    timed_out: bool = Field(description="The timeout expired and every process was killed")
+    truncated: bool = Field(description="Output was longer than the cap; its middle was cut")
+    duration_ms: int
+    language: str
+    backend: str
+    phase: Literal["compile", "run"] = Field(description="Where it failed or ended: compile errors say 'compile'")
+    session_id: str | None = Field(description="The session the code ran in, if any")
+    interpreter_lost: bool = Field(description="The session's interpreter was stopped; the next call starts anew")
+    artifacts: list[Artifact] = Field(description="Files written to $OUTPUT_DIR (plots included)")

@@ -1,9 +1,15 @@
-"""What execute_code returns: the result model, and artifacts as MCP content blocks."""
+"""The wire contract: every tool's output model, the content blocks a result carries, and the one error boundary.
+
+Each tool returns one of these models (or a `CallToolResult` whose `structured_content` is one, when it also
+carries images or files); the SDK derives each tool's `outputSchema` from them.
+"""
 
 import base64
 import json
-from typing import Literal
+from collections.abc import Generator
+from contextlib import contextmanager
 
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import (
     BlobResourceContents,
     CallToolResult,
@@ -16,68 +22,113 @@ from mcp_types import (
 from pydantic import BaseModel, Field
 
 from llm_sandbox_mcp.artifacts import Artifact
-from llm_sandbox_mcp.executor import Execution
+from llm_sandbox_mcp.errors import SandboxError
+from llm_sandbox_mcp.models import Execution
 
-# Non-image files are embedded in the result up to this size each; larger ones are listed only.
-EMBED_LIMIT = 64 * 1024
-
-
-class ArtifactInfo(BaseModel):
-    name: str = Field(description="Path relative to the output directory")
-    mime_type: str
-    size: int = Field(description="Size in bytes")
-    inline: bool = Field(description="Whether the content is included in this result")
+ExecutionResult = Execution
 
 
-class ExecutionResult(BaseModel):
-    exit_code: int = Field(description="Exit status of the program; non-zero means it failed")
-    stdout: str
-    stderr: str
-    timed_out: bool = Field(description="The timeout expired and every process was killed")
-    truncated: bool = Field(description="Output was longer than the cap; its middle was cut")
-    duration_ms: int
-    language: str
+class LanguageInfo(BaseModel):
+    name: str
+    title: str
+    image: str
+    package_manager: str
+    plots: str
+    available: bool = Field(description="Whether this language can run on the server's backend")
+    unavailable_reason: str | None = Field(description="Why not, when it cannot")
+
+
+class LanguagesResult(BaseModel):
+    languages: list[LanguageInfo]
     backend: str
-    phase: Literal["compile", "run"] = Field(description="Where it failed or ended: compile errors say 'compile'")
-    session_id: str | None = Field(description="The session the code ran in, if any")
-    interpreter_lost: bool = Field(description="The session's interpreter was stopped; the next call starts anew")
-    artifacts: list[ArtifactInfo] = Field(description="Files written to $OUTPUT_DIR (plots included)")
 
 
-def shape_execution(execution: Execution) -> CallToolResult:
-    result = ExecutionResult(
-        exit_code=execution.exit_code,
-        stdout=execution.stdout,
-        stderr=execution.stderr,
-        timed_out=execution.timed_out,
-        truncated=execution.truncated,
-        duration_ms=execution.duration_ms,
-        language=execution.language,
-        backend=execution.backend,
-        phase="compile" if execution.phase == "compile" else "run",
-        session_id=execution.session_id,
-        interpreter_lost=execution.interpreter_lost,
-        artifacts=[
-            ArtifactInfo(name=a.name, mime_type=a.mime_type, size=a.size, inline=_inlined(a))
-            for a in execution.artifacts
-        ],
+class LanguageDetails(LanguageInfo):
+    version: str = Field(description="Version reported by the runtime in the configured image")
+    file_name: str
+    library_syntax: str
+    examples: list[str]
+    notes: str
+
+
+class SessionInfo(BaseModel):
+    session_id: str
+    language: str
+    libraries: list[str]
+    age_s: float
+    idle_s: float
+    calls: int
+    memory_limit_bytes: int
+    cpus: float
+    network: str
+    workspace_bytes: int | None = Field(default=None, description="Bytes in /workspace now (list_sessions)")
+    memory_bytes: int | None = Field(
+        default=None, description="Memory the sandbox uses now, where the engine shows it (list_sessions)"
     )
-    structured = result.model_dump(mode="json")
-    content: list[ContentBlock] = [TextContent(text=json.dumps(structured, ensure_ascii=False))]
-    for artifact in execution.artifacts:
-        block = artifact_block(artifact)
-        if block is not None:
-            content.append(block)
+
+
+class SessionList(BaseModel):
+    sessions: list[SessionInfo]
+
+
+class Closed(BaseModel):
+    session_id: str
+    closed: bool
+
+
+class FileInfo(BaseModel):
+    path: str
+    type: str = Field(description="file, directory, symlink or other")
+    size: int
+
+
+class FileList(BaseModel):
+    files: list[FileInfo]
+
+
+class Download(BaseModel):
+    path: str
+    size: int
+    mime_type: str
+    encoding: str = Field(description="'text' (content holds the text), 'base64', or 'host' (written to host_path)")
+    content: str | None
+    host_path: str | None
+
+
+@contextmanager
+def tool_errors() -> Generator[None]:
+    """The one error boundary of every tool: our errors become tool errors whose text the model reads.
+
+    Anything else is a bug, and the SDK's generic crash path keeps its details in the server log.
+    """
+    try:
+        yield
+    except SandboxError as exc:
+        raise ToolError(str(exc)) from exc
+
+
+def _with_blocks(model: BaseModel, blocks: list[ContentBlock]) -> CallToolResult:
+    """The model as JSON text (and structured content), followed by `blocks`."""
+    structured = model.model_dump(mode="json")
+    content: list[ContentBlock] = [TextContent(text=json.dumps(structured, ensure_ascii=False)), *blocks]
     return CallToolResult(content=content, structured_content=structured)
 
 
-def _inlined(artifact: Artifact) -> bool:
-    return artifact.data is not None and (artifact.is_image or artifact.size <= EMBED_LIMIT)
+def execution_result(execution: Execution) -> CallToolResult:
+    """The outcome, then each artifact the result carries as an image or an embedded file."""
+    return _with_blocks(execution, [_artifact_block(a) for a in execution.artifacts if a.inline])
 
 
-def artifact_block(artifact: Artifact) -> ContentBlock | None:
-    if artifact.data is None or not _inlined(artifact):
-        return None
+def download_result(download: Download, data: bytes) -> CallToolResult:
+    """A downloaded file; an image also comes back as an image the client can show."""
+    blocks: list[ContentBlock] = []
+    if download.host_path is None and download.mime_type.startswith("image/"):
+        blocks.append(ImageContent(data=base64.b64encode(data).decode(), mime_type=download.mime_type))
+    return _with_blocks(download, blocks)
+
+
+def _artifact_block(artifact: Artifact) -> ContentBlock:
+    assert artifact.data is not None
     encoded = base64.b64encode(artifact.data).decode()
     if artifact.is_image:
         return ImageContent(data=encoded, mime_type=artifact.mime_type)

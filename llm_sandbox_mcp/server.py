@@ -1,57 +1,28 @@
-"""MCP glue: tools, resources and result shaping. The work happens in Executor."""
+"""MCP glue: the server, its lifespan, and the code and language tools. Each tool body is one call to AppState."""
 # No `from __future__ import annotations`: tool signatures use closure values the SDK must evaluate.
 
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import anyio
 from mcp.server import MCPServer
-from mcp_types import (
-    CallToolResult,
-    ToolAnnotations,
-)
-from pydantic import BaseModel, Field
+from mcp_types import CallToolResult, ToolAnnotations
+from pydantic import Field
 
 from llm_sandbox_mcp import __version__
-from llm_sandbox_mcp.backends import Backend, RuntimeProbe
-from llm_sandbox_mcp.backends._select import select_backend
+from llm_sandbox_mcp.backends import Backend, select_backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxError
 from llm_sandbox_mcp.executor import MAX_CODE_BYTES, Executor
-from llm_sandbox_mcp.languages import LANGUAGES, Language, get_language
-from llm_sandbox_mcp.results import ExecutionResult, shape_execution
+from llm_sandbox_mcp.languages import LANGUAGES, get_language
+from llm_sandbox_mcp.results import ExecutionResult, LanguageDetails, LanguagesResult, execution_result, tool_errors
 from llm_sandbox_mcp.session_tools import register_session_tools
-from llm_sandbox_mcp.sessions import Session, SessionRegistry
-from llm_sandbox_mcp.state import AppState, guard
+from llm_sandbox_mcp.sessions import SessionRegistry
+from llm_sandbox_mcp.state import AppState
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-
-class LanguageInfo(BaseModel):
-    name: str
-    title: str
-    image: str
-    package_manager: str
-    plots: str
-    available: bool = Field(description="Whether this language can run on the server's backend")
-    unavailable_reason: str | None = Field(description="Why not, when it cannot")
-
-
-class LanguagesResult(BaseModel):
-    languages: list[LanguageInfo]
-    backend: str
-
-
-class LanguageDetails(LanguageInfo):
-    version: str = Field(description="Version reported by the runtime in the configured image")
-    file_name: str
-    library_syntax: str
-    examples: list[str]
-    notes: str
 
 
 def _strict(server: MCPServer[Any]) -> None:
@@ -139,19 +110,16 @@ def build_server(
             ),
         ] = None,
     ) -> Annotated[CallToolResult, ExecutionResult]:
-        if session_id is not None:
-            session = await guard(_session(state, session_id))
-            execution = await guard(state.sessions.execute(session, code, libraries, timeout))
-        else:
-            execution = await guard(state.executor.execute(code, language, libraries, timeout))
-        return shape_execution(execution)
+        with tool_errors():
+            return execution_result(await state.execute(code, language, libraries, timeout, session_id))
 
     @server.tool(
         description="List the languages this server can run, with the image each one uses.",
         annotations=ToolAnnotations(title="Supported languages", read_only_hint=True, open_world_hint=False),
     )
     async def get_supported_languages() -> LanguagesResult:
-        return _languages(state)
+        with tool_errors():
+            return state.languages()
 
     @server.tool(
         description=(
@@ -163,19 +131,16 @@ def build_server(
     async def get_language_details(
         language: Annotated[str, Field(description=f"One of: {languages}")],
     ) -> LanguageDetails:
-        return await guard(_details(state, language))
+        with tool_errors():
+            return await state.language_details(language)
 
     @server.resource("sandbox://languages", name="languages", mime_type="application/json")
     def languages_resource() -> str:
-        return _languages(state).model_dump_json()
+        return state.languages().model_dump_json()
 
     register_session_tools(server, state)
     _strict(server)
     return server
-
-
-async def _session(state: AppState, session_id: str) -> Session:
-    return state.sessions.get(session_id)
 
 
 async def _shielded(close: Callable[[], Awaitable[None]]) -> None:
@@ -192,52 +157,3 @@ async def _prepare(executor: Executor) -> None:
         executor.warm(get_language("python"))
     except SandboxError as exc:
         logger.warning("%s", exc)
-
-
-def _languages(state: AppState) -> LanguagesResult:
-    return LanguagesResult(
-        languages=[
-            LanguageInfo(
-                name=lang.name,
-                title=lang.title,
-                image=state.settings.image_for(lang.name),
-                package_manager=lang.package_manager,
-                plots=lang.plots,
-                available=_missing(state, lang) is None,
-                unavailable_reason=_missing(state, lang),
-            )
-            for lang in LANGUAGES.values()
-        ],
-        backend=state.running.backend.name if state.running is not None else state.settings.backend,
-    )
-
-
-def _missing(state: AppState, lang: Language) -> str | None:
-    backend = state.running.backend if state.running is not None else None
-    if isinstance(backend, RuntimeProbe):
-        return backend.missing_runtime(lang.version_argv[0])
-    return None
-
-
-async def _details(state: AppState, name: str) -> LanguageDetails:
-    lang = get_language(name)
-    missing = _missing(state, lang)
-    if missing is not None:
-        raise SandboxError(f"{lang.title} is not available on this server: {missing}")
-    image = state.settings.image_for(lang.name)
-    if image not in state.versions:
-        state.versions[image] = await state.executor.probe_version(lang)
-    return LanguageDetails(
-        name=lang.name,
-        title=lang.title,
-        image=image,
-        package_manager=lang.package_manager,
-        plots=lang.plots,
-        available=True,
-        unavailable_reason=None,
-        version=state.versions[image],
-        file_name=lang.file_name,
-        library_syntax=lang.library_syntax,
-        examples=list(lang.examples),
-        notes=lang.notes,
-    )

@@ -13,13 +13,11 @@ from dataclasses import dataclass, field, replace
 
 import anyio
 
-from llm_sandbox_mcp.artifacts import Artifact
 from llm_sandbox_mcp.config import Settings, parse_size
 from llm_sandbox_mcp.errors import InvalidRequest, SandboxNotFound
-from llm_sandbox_mcp.executor import Execution, Executor, Lease
-from llm_sandbox_mcp.kernel import Kernel
-from llm_sandbox_mcp.languages import Language, get_language, sandbox_env
-from llm_sandbox_mcp.models import Limits
+from llm_sandbox_mcp.executor import Cell, Executor, Lease
+from llm_sandbox_mcp.languages import Language, get_language
+from llm_sandbox_mcp.models import Execution, Limits
 
 logger = logging.getLogger(__name__)
 
@@ -38,10 +36,8 @@ class Session:
     lease: Lease
     created: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
-    calls: int = 0
+    cell: Cell = field(default_factory=Cell)
     lock: anyio.Lock = field(default_factory=anyio.Lock)
-    # For languages without a kernel: what the output directory held after the last call.
-    seen: dict[str, tuple[int, bytes | None]] = field(default_factory=lambda: {})
 
     def describe(self) -> dict[str, object]:
         now = time.monotonic()
@@ -52,7 +48,7 @@ class Session:
             "libraries": self.libraries,
             "age_s": round(now - self.created, 1),
             "idle_s": round(now - self.last_used, 1),
-            "calls": self.calls,
+            "calls": self.cell.number,
             "memory_limit_bytes": limits.memory_bytes,
             "cpus": limits.cpus,
             "network": limits.network_mode,
@@ -87,9 +83,7 @@ class SessionRegistry:
         limits = self._limits(memory, cpus, network)
         self._creating += 1
         try:
-            cache_key = await self.executor.ensure_libraries(lang, specs) if specs or lang.warm_cache else None
-            spec = replace(self.executor.spec_for(lang, cache_key), limits=limits)
-            lease = await self.executor.open_lease(lang, spec)
+            lease = await self.executor.open(lang, specs, limits)
         finally:
             self._creating -= 1
         session = Session(id=f"s-{secrets.token_hex(8)}", language=lang, libraries=specs, lease=lease)
@@ -144,13 +138,14 @@ class SessionRegistry:
         session = self.get(session_id)
         del self._sessions[session_id]
         self._why_gone[session_id] = why
-        await self.executor.close_lease(session.lease)
+        await self.executor.close(session.lease)
         logger.info("Session %s closed: %s", session_id, why)
 
-    async def execute(self, session: Session, code: str, libraries: list[str], timeout: float | None) -> Execution:
-        seconds = self.executor.check_timeout(timeout)
-        source = self.executor.check_code(code)
-        missing = sorted(set(session.language.check_libraries(libraries)) - set(session.libraries))
+    async def execute(self, session_id: str, code: str, libraries: list[str], timeout: float | None) -> Execution:
+        """Run a cell: one at a time per session, in its sandbox, with its interpreter's state."""
+        session = self.get(session_id)
+        program = self.executor.program(code, session.language.name, libraries, timeout)
+        missing = sorted(set(program.libraries) - set(session.libraries))
         if missing:
             raise InvalidRequest(
                 f"Session {session.id} was created with libraries {session.libraries or '[]'}; "
@@ -159,39 +154,10 @@ class SessionRegistry:
         async with session.lock:
             if session.id not in self._sessions:
                 raise SandboxNotFound(f"Session {session.id!r} was closed while this call waited")
-            restarted = await self._revive(session)
-            session.calls += 1
-            result, artifacts, lost = await self.executor.run_in(
-                session.lease, session.language, source, seconds, inline=True, cell=session.calls
-            )
+            execution = await self.executor.run(session.lease, program, session.cell)
             session.last_used = time.monotonic()
-            if session.lease.kernel is None:
-                artifacts = self._changed(session, artifacts)
-        execution = self.executor.shape(session.language, result, artifacts, seconds)
         execution.session_id = session.id
-        if restarted:
-            execution.stderr = "[the interpreter had been lost and was restarted: earlier variables are gone]\n" + (
-                execution.stderr
-            )
-        if lost:
-            execution.stderr += "[the interpreter was stopped; the next call starts a new one (files are kept)]\n"
-        execution.interpreter_lost = lost
         return execution
-
-    async def _revive(self, session: Session) -> bool:
-        kernel = session.lease.kernel
-        if kernel is None or kernel.alive:
-            return False
-        await kernel.aclose()
-        env = sandbox_env(session.language, with_libraries=session.lease.ref.spec.cache is not None)
-        session.lease.kernel = await Kernel.start(self.executor.backend, session.lease.ref, env, preload=False)
-        return True
-
-    def _changed(self, session: Session, artifacts: list[Artifact]) -> list[Artifact]:
-        current = {a.name: (a.size, a.data) for a in artifacts}
-        fresh = [a for a in artifacts if session.seen.get(a.name) != current[a.name]]
-        session.seen = current
-        return fresh
 
     async def reap(self) -> int:
         """Close sessions past their idle TTL or maximum lifetime; return how many."""

@@ -1,21 +1,38 @@
-"""State the lifespan builds and the tools share, and the one place our errors become tool errors."""
+"""What the lifespan builds and the tools call: one method per tool, each returning its wire model.
 
-from collections.abc import Awaitable
-from typing import TypeVar
+Every member that needs the engine raises the start-up failure (with its fix) while the engine is missing,
+so a tool answers with that text rather than failing obscurely.
+"""
+
+import base64
+import binascii
 
 import anyio
-from mcp.server.mcpserver.exceptions import ToolError
 
+from llm_sandbox_mcp.artifacts import mime_type_of
+from llm_sandbox_mcp.backends import RuntimeProbe
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.errors import BackendUnavailable, SandboxError
+from llm_sandbox_mcp.errors import BackendUnavailable, InvalidRequest, SandboxError
 from llm_sandbox_mcp.executor import Executor
-from llm_sandbox_mcp.sessions import SessionRegistry
-
-T = TypeVar("T")
+from llm_sandbox_mcp.files import Files
+from llm_sandbox_mcp.languages import LANGUAGES, Language, get_language
+from llm_sandbox_mcp.models import Execution
+from llm_sandbox_mcp.results import (
+    Closed,
+    Download,
+    FileInfo,
+    FileList,
+    LanguageDetails,
+    LanguageInfo,
+    LanguagesResult,
+    SessionInfo,
+    SessionList,
+)
+from llm_sandbox_mcp.sessions import Session, SessionRegistry
 
 
 class AppState:
-    """What the lifespan builds and the tools use."""
+    """The server's executor and sessions once the engine is up, or why it is not."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -29,14 +46,6 @@ class AppState:
             return BackendUnavailable(f"{self.failure} (restart the MCP server after fixing this)")
         return SandboxError("The server is still starting; try again in a moment")
 
-    async def close_now(self) -> None:
-        """Remove every sandbox this server made, from outside the lifespan (on a signal)."""
-        with anyio.CancelScope(shield=True):
-            if self.registry is not None:
-                await self.registry.aclose()
-            if self.running is not None:
-                await self.running.backend.aclose()
-
     @property
     def executor(self) -> Executor:
         if self.running is None:
@@ -49,10 +58,142 @@ class AppState:
             raise self._unavailable()
         return self.registry
 
+    @property
+    def files(self) -> Files:
+        return Files(self.settings, self.executor.backend)
 
-async def guard(call: Awaitable[T]) -> T:
-    """Turn our errors into tool errors the model reads; anything else is the SDK's generic crash path."""
-    try:
-        return await call
-    except SandboxError as exc:
-        raise ToolError(str(exc)) from exc
+    async def close_now(self) -> None:
+        """Remove every sandbox this server made, from outside the lifespan (on a signal)."""
+        with anyio.CancelScope(shield=True):
+            if self.registry is not None:
+                await self.registry.aclose()
+            if self.running is not None:
+                await self.running.backend.aclose()
+
+    # Code.
+
+    async def execute(
+        self, code: str, language: str, libraries: list[str], timeout: float | None, session_id: str | None
+    ) -> Execution:
+        if session_id is not None:
+            return await self.sessions.execute(session_id, code, libraries, timeout)
+        return await self.executor.execute(code, language, libraries, timeout)
+
+    # Languages.
+
+    def _missing(self, lang: Language) -> str | None:
+        """Why `lang` cannot run here, or None."""
+        if self.failure is not None:
+            return self.failure
+        backend = self.running.backend if self.running is not None else None
+        if isinstance(backend, RuntimeProbe):
+            return backend.missing_runtime(lang.version_argv[0])
+        return None
+
+    def _language_info(self, lang: Language) -> LanguageInfo:
+        missing = self._missing(lang)
+        return LanguageInfo(
+            name=lang.name,
+            title=lang.title,
+            image=self.settings.image_for(lang.name),
+            package_manager=lang.package_manager,
+            plots=lang.plots,
+            available=missing is None,
+            unavailable_reason=missing,
+        )
+
+    def languages(self) -> LanguagesResult:
+        backend = self.running.backend.name if self.running is not None else self.settings.backend
+        return LanguagesResult(languages=[self._language_info(lang) for lang in LANGUAGES.values()], backend=backend)
+
+    async def language_details(self, name: str) -> LanguageDetails:
+        lang = get_language(name)
+        executor = self.executor
+        missing = self._missing(lang)
+        if missing is not None:
+            raise SandboxError(f"{lang.title} is not available on this server: {missing}")
+        image = self.settings.image_for(lang.name)
+        if image not in self.versions:
+            self.versions[image] = await executor.probe_version(lang)
+        return LanguageDetails(
+            **self._language_info(lang).model_dump(),
+            version=self.versions[image],
+            file_name=lang.file_name,
+            library_syntax=lang.library_syntax,
+            examples=list(lang.examples),
+            notes=lang.notes,
+        )
+
+    # Sessions.
+
+    async def create_session(
+        self, language: str, libraries: list[str], memory: str | None, cpus: float | None, network: bool
+    ) -> SessionInfo:
+        session = await self.sessions.create(language, libraries, memory, cpus, network)
+        return SessionInfo.model_validate(session.describe())
+
+    async def close_session(self, session_id: str) -> Closed:
+        await self.sessions.close(session_id)
+        return Closed(session_id=session_id, closed=True)
+
+    async def list_sessions(self) -> SessionList:
+        sessions = self.sessions
+        infos: list[SessionInfo] = []
+        for session in sessions.list():
+            usage = await sessions.usage(session)
+            infos.append(SessionInfo.model_validate({**session.describe(), **usage}))
+        return SessionList(sessions=infos)
+
+    # Files.
+
+    def _session(self, session_id: str) -> Session:
+        return self.sessions.get(session_id)
+
+    async def upload(
+        self,
+        session_id: str,
+        path: str,
+        content: str | None,
+        content_base64: str | None,
+        host_path: str | None,
+    ) -> FileInfo:
+        ref = self._session(session_id).lease.ref
+        if sum(value is not None for value in (content, content_base64, host_path)) != 1:
+            raise InvalidRequest("Give exactly one of content, content_base64 or host_path")
+        if content is not None:
+            data = content.encode("utf-8")
+        elif content_base64 is not None:
+            try:
+                data = base64.b64decode(content_base64, validate=True)
+            except binascii.Error:
+                raise InvalidRequest("content_base64 is not valid base64") from None
+        else:
+            assert host_path is not None
+            data = await self.files.read_host(host_path)
+        entry = await self.files.upload(ref, path, data)
+        return FileInfo(path=entry.path, type=entry.type, size=entry.size)
+
+    async def download(self, session_id: str, path: str, host_path: str | None) -> tuple[Download, bytes]:
+        """The file's description and its bytes (for the image block a result may add)."""
+        ref = self._session(session_id).lease.ref
+        data = await self.files.download(ref, path)
+        written = await self.files.write_host(host_path, data) if host_path is not None else None
+        encoding, text = "host", None
+        if written is None:
+            try:
+                encoding, text = "text", data.decode("utf-8")
+            except UnicodeDecodeError:
+                encoding, text = "base64", base64.b64encode(data).decode()
+        download = Download(
+            path=path,
+            size=len(data),
+            mime_type=mime_type_of(path),
+            encoding=encoding,
+            content=text,
+            host_path=written,
+        )
+        return download, data
+
+    async def list_files(self, session_id: str, path: str) -> FileList:
+        entries = await self.files.list(self._session(session_id).lease.ref, path)
+        return FileList(files=[FileInfo(path=e.path, type=e.type, size=e.size) for e in entries])

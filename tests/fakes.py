@@ -101,6 +101,7 @@ class FakeBackend:
     outputs: dict[str, bytes] = field(default_factory=lambda: {})
     create_error: Exception | None = None
     name: str = "fake"
+    install_network: str = "bridge"
     created: list[SandboxSpec] = field(default_factory=lambda: [])
     destroyed: list[str] = field(default_factory=lambda: [])
     calls: list[Call] = field(default_factory=lambda: [])

@@ -74,6 +74,7 @@ class RecordingBackend:
     def __init__(self, inner: Backend) -> None:
         self.inner = inner
         self.name = inner.name
+        self.install_network = inner.install_network
         self.argvs: list[list[str]] = []
 
     async def create(self, spec: SandboxSpec) -> SandboxRef:

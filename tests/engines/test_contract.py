@@ -9,8 +9,9 @@ import anyio
 import pytest
 
 from llm_sandbox_mcp.errors import InvalidRequest
-from llm_sandbox_mcp.executor import Execution, Executor
+from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import get_language
+from llm_sandbox_mcp.models import Execution
 from tests.engines.conftest import RecordingBackend, engine_settings
 
 pytestmark = pytest.mark.anyio
@@ -271,3 +272,25 @@ async def test_calls_run_concurrently(executor: Executor) -> None:
         for n in range(4):
             tasks.start_soon(one, n)
     assert sorted(r.stdout for r in results) == ["0\n", "2\n", "4\n", "6\n"]
+
+
+async def test_a_process_whose_sandbox_vanishes_under_it_ends_with_status_137(
+    executor: Executor, backend: RecordingBackend
+) -> None:
+    ref = await backend.create(executor.spec_for(get_language("python")))
+    results: list[int] = []
+
+    async def long_running() -> None:
+        results.append((await backend.exec(ref, ["sh", "-c", "touch /tmp/started; sleep 300"], timeout=120)).exit_code)
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(long_running)
+            started = await backend.exec(
+                ref, ["sh", "-c", "until [ -f /tmp/started ]; do sleep 0.05; done"], timeout=60
+            )
+            assert not started.timed_out
+            await backend.destroy(ref)
+    finally:
+        await backend.destroy(ref)
+    assert results == [137]

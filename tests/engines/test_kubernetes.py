@@ -24,11 +24,11 @@ from kubernetes.stream import ws_client
 from llm_sandbox_mcp.backends import _owner, load_backend
 from llm_sandbox_mcp.backends._container import CACHE_PREFIX, SLEEPER
 from llm_sandbox_mcp.backends._kubernetes import KubernetesEngine
-from llm_sandbox_mcp.backends._threaded import Threaded
 from llm_sandbox_mcp.backends._kubernetes import api as k8s_api
 from llm_sandbox_mcp.backends._kubernetes.api import ApiFailure
 from llm_sandbox_mcp.backends._kubernetes.exec import ExecStream
 from llm_sandbox_mcp.backends._kubernetes.pod import EXPIRES, NETWORK_LABEL, POLICY_NAME, PodOptions, pod_manifest
+from llm_sandbox_mcp.backends._threaded import Threaded
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure
 from llm_sandbox_mcp.models import CacheMount, SandboxSpec

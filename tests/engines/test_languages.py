@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from llm_sandbox_mcp.errors import InstallFailed
-from llm_sandbox_mcp.executor import Execution, Executor
+from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import LANGUAGES, get_language
+from llm_sandbox_mcp.models import Execution
 from tests.engines.conftest import RecordingBackend, engine_settings
 from tests.registries import Package, cran_repo, gem_source, go_proxy, maven_repo, serve
 
@@ -204,7 +205,7 @@ async def lang_executor(backend: RecordingBackend, engine: str, registries: Regi
         yield executor
     # The per-session packages' caches are of no use to a later session (once no sandbox mounts them).
     for language, package in registries.packages.items():
-        await backend.drop_cache(executor.cache_key(get_language(language), [package.spec]))
+        await backend.drop_cache(executor.libraries.key(get_language(language), [package.spec]))
 
 
 async def run(executor: Executor, case: Case, code: str, **kwargs: object) -> Execution:

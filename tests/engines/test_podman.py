@@ -24,9 +24,9 @@ from podman import PodmanClient
 from llm_sandbox_mcp.backends import _owner, _podman
 from llm_sandbox_mcp.backends._container import SLEEPER
 from llm_sandbox_mcp.backends._podman import PodmanEngine, dropped_limits
-from llm_sandbox_mcp.backends._threaded import Threaded
 from llm_sandbox_mcp.backends._podman.libpod import container_spec, network_fields, security_fields
 from llm_sandbox_mcp.backends._podman.service import Candidate, Engine, candidates
+from llm_sandbox_mcp.backends._threaded import Threaded
 from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure
 from llm_sandbox_mcp.models import Limits, SandboxSpec
 from tests.engines.conftest import engine_settings, require

@@ -10,7 +10,7 @@ import pytest
 
 from llm_sandbox_mcp.errors import FileTransferError, InvalidRequest, SandboxError
 from llm_sandbox_mcp.executor import Executor
-from llm_sandbox_mcp.files import SessionFiles
+from llm_sandbox_mcp.files import Files
 from llm_sandbox_mcp.sessions import Session, SessionRegistry
 from tests.engines.conftest import RecordingBackend, engine_settings
 
@@ -27,7 +27,7 @@ async def registry(executor: Executor) -> AsyncIterator[SessionRegistry]:
 
 
 async def cell(registry: SessionRegistry, session: Session, code: str, timeout: float = 30) -> tuple[str, str]:
-    result = await registry.execute(session, code, [], timeout)
+    result = await registry.execute(session.id, code, [], timeout)
     return result.stdout, result.stderr
 
 
@@ -36,7 +36,7 @@ async def test_python_state_survives_between_calls_like_a_notebook(registry: Ses
     assert await cell(registry, session, "import math\nx = 41\ndef double(v):\n    return 2 * v") == ("", "")
     assert await cell(registry, session, "x + 1") == ("42\n", "")
     assert (await cell(registry, session, "print(double(x)); math.pi"))[0] == "82\n3.141592653589793\n"
-    failing = await registry.execute(session, "y = 1\nraise KeyError('k')", [], 30)
+    failing = await registry.execute(session.id, "y = 1\nraise KeyError('k')", [], 30)
     assert failing.exit_code == 1 and "KeyError: 'k'" in failing.stderr and '<cell 4>", line 2' in failing.stderr
     assert await cell(registry, session, "y") == ("1\n", "")
 
@@ -44,13 +44,13 @@ async def test_python_state_survives_between_calls_like_a_notebook(registry: Ses
 async def test_every_figure_of_a_cell_comes_back(registry: SessionRegistry) -> None:
     session = await registry.create("python", [])
     result = await registry.execute(
-        session,
+        session.id,
         "import matplotlib.pyplot as plt\nplt.plot([1, 2]); plt.show()\nplt.figure(); plt.plot([2, 1])",
         [],
         60,
     )
     assert [a.mime_type for a in result.artifacts] == ["image/png", "image/png"]
-    again = await registry.execute(session, "plt.figure(); plt.plot([3, 3])", [], 60)
+    again = await registry.execute(session.id, "plt.figure(); plt.plot([3, 3])", [], 60)
     assert len(again.artifacts) == 1  # only what this cell made
 
 
@@ -66,7 +66,7 @@ async def test_a_cell_that_times_out_is_interrupted_and_the_session_survives(reg
     session = await registry.create("python", [])
     await cell(registry, session, "kept = 'yes'")
     result = await registry.execute(
-        session, "import time\nprint('working', flush=True)\nwhile True: time.sleep(0.01)", [], 2
+        session.id, "import time\nprint('working', flush=True)\nwhile True: time.sleep(0.01)", [], 2
     )
     assert result.timed_out and not result.interpreter_lost
     assert result.stdout == "working\n" and "KeyboardInterrupt" in result.stderr
@@ -77,23 +77,23 @@ async def test_a_cell_that_ignores_interrupts_is_killed_and_the_session_restarts
     session = await registry.create("python", [])
     await cell(registry, session, "lost = 1\nopen('kept.txt', 'w').write('file survives')")
     stubborn = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: time.sleep(0.01)"
-    result = await registry.execute(session, stubborn, [], 2)
+    result = await registry.execute(session.id, stubborn, [], 2)
     assert result.timed_out and result.interpreter_lost
-    after = await registry.execute(session, "print(open('kept.txt').read()); print('lost' in globals())", [], 30)
+    after = await registry.execute(session.id, "print(open('kept.txt').read()); print('lost' in globals())", [], 30)
     assert after.stdout == "file survives\nFalse\n"
     assert "restarted" in after.stderr
 
 
 async def test_files_round_trip_and_list(registry: SessionRegistry, executor: Executor) -> None:
     session = await registry.create("python", [])
-    files = SessionFiles(executor.settings, executor)
+    files = Files(executor.settings, executor.backend)
     blob = bytes(range(256)) * 64
-    await files.upload(session, "data/blob.bin", blob)
-    await files.upload(session, "notes.txt", "héllo\n".encode())
-    assert await files.download(session, "data/blob.bin") == blob
+    await files.upload(session.lease.ref, "data/blob.bin", blob)
+    await files.upload(session.lease.ref, "notes.txt", "héllo\n".encode())
+    assert await files.download(session.lease.ref, "data/blob.bin") == blob
     out, _ = await cell(registry, session, "print(len(open('data/blob.bin', 'rb').read()), open('notes.txt').read())")
     assert out == "16384 héllo\n\n"
-    listing = {(e.path, e.type, e.size) for e in await files.list(session)}
+    listing = {(e.path, e.type, e.size) for e in await files.list(session.lease.ref)}
     assert (
         ("data/blob.bin", "file", 16384) in listing
         and ("data", "directory", listing and 4096) in listing
@@ -107,25 +107,25 @@ async def test_paths_that_leave_the_workspace_are_refused(
     registry: SessionRegistry, executor: Executor, path: str
 ) -> None:
     session = await registry.create("python", [])
-    files = SessionFiles(executor.settings, executor)
+    files = Files(executor.settings, executor.backend)
     with pytest.raises(FileTransferError):
-        await files.upload(session, path, b"x")
+        await files.upload(session.lease.ref, path, b"x")
     with pytest.raises(FileTransferError):
-        await files.download(session, path)
+        await files.download(session.lease.ref, path)
 
 
 async def test_symlinks_planted_by_the_code_cannot_redirect_file_tools(
     registry: SessionRegistry, executor: Executor
 ) -> None:
     session = await registry.create("python", [])
-    files = SessionFiles(executor.settings, executor)
+    files = Files(executor.settings, executor.backend)
     await cell(registry, session, "import os\nos.symlink('/etc', 'etc_link')\nos.symlink('/tmp/x', 'file_link')")
     with pytest.raises(FileTransferError, match="leaves the workspace"):
-        await files.download(session, "etc_link/passwd")
+        await files.download(session.lease.ref, "etc_link/passwd")
     with pytest.raises(FileTransferError, match="leaves the workspace"):
-        await files.upload(session, "etc_link/evil", b"x")
+        await files.upload(session.lease.ref, "etc_link/evil", b"x")
     with pytest.raises(FileTransferError):
-        await files.upload(session, "file_link", b"x")
+        await files.upload(session.lease.ref, "file_link", b"x")
     out, _ = await cell(registry, session, "import os\nprint(os.path.exists('/tmp/x'))")
     assert out == "False\n"
 
@@ -133,16 +133,16 @@ async def test_symlinks_planted_by_the_code_cannot_redirect_file_tools(
 async def test_devices_and_oversized_files_are_refused(registry: SessionRegistry, executor: Executor) -> None:
     settings = executor.settings.model_copy(update={"sandbox_max_file_size": 1024})
     session = await registry.create("python", [])
-    files = SessionFiles(settings, executor)
+    files = Files(settings, executor.backend)
     with pytest.raises(FileTransferError, match="SANDBOX_MAX_FILE_SIZE"):
-        await files.upload(session, "big.bin", b"x" * 2048)
+        await files.upload(session.lease.ref, "big.bin", b"x" * 2048)
     await cell(
         registry, session, "open('big.bin', 'wb').write(b'x' * 4096)\nimport os\nos.symlink('/dev/zero', 'zero')"
     )
     with pytest.raises(FileTransferError, match="too large"):
-        await files.download(session, "big.bin")
+        await files.download(session.lease.ref, "big.bin")
     with pytest.raises(FileTransferError):
-        await files.download(session, "dev")
+        await files.download(session.lease.ref, "dev")
 
 
 async def test_host_copies_stay_below_the_allowed_directories(
@@ -154,12 +154,12 @@ async def test_host_copies_stay_below_the_allowed_directories(
     (allowed / "escape").symlink_to("/etc/passwd")
     (tmp_path / "outside.txt").write_text("no")
     settings = executor.settings.model_copy(update={"sandbox_host_dirs": [str(allowed)]})
-    files = SessionFiles(settings, executor)
+    files = Files(settings, executor.backend)
     session = await registry.create("python", [])
     data = await files.read_host(str(allowed / "input.csv"))
-    await files.upload(session, "input.csv", data)
+    await files.upload(session.lease.ref, "input.csv", data)
     await cell(registry, session, "open('result.txt', 'w').write(open('input.csv').read().upper())")
-    written = await files.write_host(str(allowed / "result.txt"), await files.download(session, "result.txt"))
+    written = await files.write_host(str(allowed / "result.txt"), await files.download(session.lease.ref, "result.txt"))
     assert await anyio.Path(written).read_text() == "A,B\n1,2\n"
     for bad in (str(tmp_path / "outside.txt"), str(allowed / "escape"), str(allowed / ".." / "outside.txt"), "rel"):
         with pytest.raises(SandboxError):
@@ -190,10 +190,10 @@ async def test_a_session_must_not_ask_for_more_than_the_operator_allows(registry
 async def test_files_persist_between_calls_in_other_languages(registry: SessionRegistry) -> None:
     session = await registry.create("javascript", [])
     first = await registry.execute(
-        session, "require('fs').writeFileSync('state.txt', 'kept'); console.log('wrote')", [], 60
+        session.id, "require('fs').writeFileSync('state.txt', 'kept'); console.log('wrote')", [], 60
     )
     assert (first.exit_code, first.stdout) == (0, "wrote\n"), first.stderr
-    second = await registry.execute(session, "console.log(require('fs').readFileSync('state.txt', 'utf8'))", [], 60)
+    second = await registry.execute(session.id, "console.log(require('fs').readFileSync('state.txt', 'utf8'))", [], 60)
     assert second.stdout == "kept\n"
     assert second.session_id == session.id
 

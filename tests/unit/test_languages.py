@@ -226,7 +226,7 @@ def test_the_library_cache_key_changes_with_the_registry() -> None:
     from tests.fakes import FakeBackend
 
     python = get_language("python")
-    default = Executor(Settings(), FakeBackend()).cache_key(python, ["six"])
+    default = Executor(Settings(), FakeBackend()).libraries.key(python, ["six"])
     mirror = Executor(Settings(sandbox_pip_index_url="http://127.0.0.1:3141/simple"), FakeBackend())
-    assert mirror.cache_key(python, ["six"]) != default
-    assert Executor(Settings(), FakeBackend()).cache_key(python, ["six"]) == default
+    assert mirror.libraries.key(python, ["six"]) != default
+    assert Executor(Settings(), FakeBackend()).libraries.key(python, ["six"]) == default
