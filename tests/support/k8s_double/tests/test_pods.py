@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from tests.k8s_double import KubeApiDouble
+from tests.support.k8s_double import KubeApiDouble
 
 from .conftest import PodFactory
 from .pods import (
@@ -489,7 +489,7 @@ def test_stop_removes_every_container_and_volume_it_created(
 
 LEFTOVER_SCRIPT = """
 import json, sys, time, urllib.request
-from tests.k8s_double import KubeApiDouble
+from tests.support.k8s_double import KubeApiDouble
 
 double = KubeApiDouble().start()
 container = {"name": "main", "image": sys.argv[1], "command": ["sleep", "3600"]}
@@ -512,7 +512,7 @@ time.sleep(3600)
 def test_remove_leftovers_cleans_up_after_a_double_whose_process_was_killed(
     docker_client: docker.DockerClient, busybox_image: str
 ) -> None:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[4]
     child = subprocess.Popen(
         [sys.executable, "-c", LEFTOVER_SCRIPT, busybox_image], cwd=root, stdout=subprocess.PIPE, text=True
     )

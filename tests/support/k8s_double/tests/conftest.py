@@ -20,7 +20,7 @@ import docker.errors
 import pytest
 from kubernetes import client
 
-from tests.k8s_double import KubeApiDouble
+from tests.support.k8s_double import KubeApiDouble
 
 from .pods import api_client_for
 

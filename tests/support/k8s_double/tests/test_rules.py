@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from tests.k8s_double.errors import ApiError
-from tests.k8s_double.exec_ws import exit_status, negotiate
-from tests.k8s_double.quantity import QuantityError, to_bytes, to_nano_cpus
-from tests.k8s_double.selectors import parse_label_selector, selector_from_object
-from tests.k8s_double.store import PODS, Store
-from tests.k8s_double.translate import (
+from tests.support.k8s_double.errors import ApiError
+from tests.support.k8s_double.exec_ws import exit_status, negotiate
+from tests.support.k8s_double.quantity import QuantityError, to_bytes, to_nano_cpus
+from tests.support.k8s_double.selectors import parse_label_selector, selector_from_object
+from tests.support.k8s_double.store import PODS, Store
+from tests.support.k8s_double.translate import (
     ContainerConfigError,
     RuntimeOptions,
     egress_denied,

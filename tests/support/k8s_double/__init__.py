@@ -37,7 +37,7 @@ image pulls (images must exist locally), container restarts, updates (PUT/PATCH)
 
 How tests use it::
 
-    from tests.k8s_double import KubeApiDouble
+    from tests.support.k8s_double import KubeApiDouble
 
     @pytest.fixture(scope="session")
     def kube_double(docker_client):
@@ -50,7 +50,7 @@ How tests use it::
         api = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
         ...  # or Settings(backend="kubernetes", kubeconfig=kubeconfig)
 
-`tests/k8s_double_tests/` has fixtures (`conftest.py`) and helpers (`pods.py`) to copy from.
+`tests/support/k8s_double/tests/` has fixtures (`conftest.py`) and helpers (`pods.py`) to copy from.
 """
 
 from .server import KubeApiDouble

@@ -10,7 +10,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from tests.k8s_double import KubeApiDouble
+from tests.support.k8s_double import KubeApiDouble
 
 from .conftest import PodFactory
 from .pods import WAIT_SECONDS, exec_in_pod, model, phase_is, run_pod, status_code, wait_for_pod, watch_events
