@@ -38,9 +38,7 @@ class KubeApiDouble:
         namespace: the default namespace of the kubeconfig context.
         token: the bearer token clients must send; random by default.
         runtime_classes: `runtimeClassName`s that start; any other leaves the pod Pending.
-        seccomp_default: kubelet `--seccomp-default`; if False an unset seccompProfile is Unconfined.
         pod_pids_limit: kubelet `--pod-max-pids`, applied as the container's pids limit.
-        default_network: Docker network for pods no deny-all egress NetworkPolicy selects.
     """
 
     def __init__(
@@ -50,9 +48,7 @@ class KubeApiDouble:
         namespace: str = "default",
         token: str | None = None,
         runtime_classes: Iterable[str] = (),
-        seccomp_default: bool = False,
         pod_pids_limit: int | None = None,
-        default_network: str = "host",
     ) -> None:
         if not is_dns1123_label(namespace):
             raise ValueError(f"namespace {namespace!r} is not a valid Kubernetes namespace name")
@@ -62,8 +58,7 @@ class KubeApiDouble:
         self._own_client = docker_client is None
         self._client = docker_client
         self._runtime_classes = tuple(runtime_classes)
-        self._options = RuntimeOptions(seccomp_default=seccomp_default, pids_limit=pod_pids_limit)
-        self._default_network = default_network
+        self._options = RuntimeOptions(pids_limit=pod_pids_limit)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -163,7 +158,6 @@ class KubeApiDouble:
             instance=self.instance_id,
             runtime_classes=self._runtime_classes,
             options=self._options,
-            default_network=self._default_network,
         )
         api = ApiServer(
             self._store,

@@ -1,4 +1,4 @@
-"""The double's pure rules, table-driven: selectors, quantities, `$(VAR)` expansion, policies, exec frames."""
+"""The double's pure rules, table-driven: selectors, quantities, the kubelet's checks, policies, exec frames."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from tests.support.k8s_double.translate import (
     ContainerConfigError,
     RuntimeOptions,
     egress_denied,
-    expand,
     plan_container,
     verify_run_as_non_root,
 )
@@ -86,21 +85,6 @@ def test_quantities_kubernetes_rejects(quantity: str) -> None:
         to_bytes(quantity)
 
 
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("$(A)-$(B)", "1-$(B)"),
-        ("$$(A)", "$(A)"),
-        ("$$", "$"),
-        ("cost: $5", "cost: $5"),
-        ("$(A", "$(A"),
-        ("tail$", "tail$"),
-    ],
-)
-def test_kubernetes_variable_expansion(text: str, expected: str) -> None:
-    assert expand(text, {"A": "1"}) == expected
-
-
 def _pod(**security: Any) -> dict[str, Any]:
     return {
         "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
@@ -146,8 +130,17 @@ def _plan(pod: dict[str, Any], **options: Any) -> dict[str, Any]:
 
 def test_seccomp_follows_the_kubelet_default_unless_the_pod_asks() -> None:
     assert _plan(_pod())["security_opt"] == ["seccomp=unconfined"]
-    assert _plan(_pod(), seccomp_default=True)["security_opt"] is None
     assert _plan(_pod(seccompProfile={"type": "RuntimeDefault"}))["security_opt"] is None
+
+
+@pytest.mark.parametrize("field", ["command", "args", "env"])
+def test_variable_references_are_refused_not_expanded(field: str) -> None:
+    pod = _pod()
+    value = "$(HOME)/x"
+    pod["spec"]["containers"][0][field] = [{"name": "X", "value": value}] if field == "env" else [value]
+
+    with pytest.raises(ContainerConfigError, match=r"\$\(VAR\) references are not expanded"):
+        _plan(pod)
 
 
 def test_resources_and_user_translate_to_docker_arguments() -> None:

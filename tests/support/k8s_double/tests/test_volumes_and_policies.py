@@ -13,7 +13,7 @@ from kubernetes.client.exceptions import ApiException
 from tests.support.k8s_double import KubeApiDouble
 
 from .conftest import PodFactory
-from .pods import WAIT_SECONDS, exec_in_pod, model, phase_is, run_pod, status_code, wait_for_pod, watch_events
+from .pods import WAIT_SECONDS, exec_in_pod, model, run_pod, status_code, wait_for_pod, watch_events
 
 pytestmark = pytest.mark.kubernetes
 
@@ -93,32 +93,6 @@ def test_pvc_without_storage_request_is_422(core: client.CoreV1Api, namespace: s
         core.create_namespaced_persistent_volume_claim(namespace, model(client.V1PersistentVolumeClaim, manifest))
 
     assert status_code(caught.value) == 422
-
-
-def test_read_only_pvc_mount_rejects_writes_the_init_container_made_read_write(
-    core: client.CoreV1Api, namespace: str, make_pod: PodFactory, busybox_image: str
-) -> None:
-    core.create_namespaced_persistent_volume_claim(namespace, model(client.V1PersistentVolumeClaim, _pvc("shared")))
-    writer = {
-        "name": "writer",
-        "image": busybox_image,
-        "command": ["sh", "-c", "echo from-init > /data/note"],
-        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-    }
-    manifest = make_pod(
-        "reader",
-        initContainers=[writer],
-        volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "shared"}}],
-        container={"volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}]},
-    )
-    pod = run_pod(core, namespace, manifest)
-
-    assert pod.status is not None and pod.status.init_container_statuses is not None
-    init_state = pod.status.init_container_statuses[0].state
-    assert init_state is not None and init_state.terminated is not None and init_state.terminated.exit_code == 0
-    assert exec_in_pod(core, namespace, "reader", ["cat", "/data/note"])[0] == "from-init\n"
-    _, err, returncode = exec_in_pod(core, namespace, "reader", ["touch", "/data/other"])
-    assert returncode != 0 and "Read-only file system" in err
 
 
 def test_pvc_is_shared_between_pods_and_writable_by_non_root_unless_the_volume_is_read_only(
@@ -241,39 +215,3 @@ def test_policy_with_an_egress_rule_does_not_cut_the_network(
     run_pod(core, namespace, make_pod("resolver"))
 
     assert len(_interfaces(core, namespace, "resolver")) > 1
-
-
-def test_init_containers_run_in_order_sharing_an_empty_dir_with_the_main_container(
-    core: client.CoreV1Api, namespace: str, make_pod: PodFactory, busybox_image: str
-) -> None:
-    def step(name: str) -> dict[str, Any]:
-        return {
-            "name": name,
-            "image": busybox_image,
-            "command": ["sh", "-c", f"echo {name} >> /shared/log"],
-            "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
-        }
-
-    manifest = make_pod(
-        "ordered",
-        securityContext={"runAsUser": 1000},
-        initContainers=[step("one"), step("two")],
-        volumes=[{"name": "shared", "emptyDir": {}}],
-        container={"volumeMounts": [{"name": "shared", "mountPath": "/shared"}]},
-    )
-    run_pod(core, namespace, manifest)
-
-    assert exec_in_pod(core, namespace, "ordered", ["cat", "/shared/log"])[0] == "one\ntwo\n"
-
-
-def test_failing_init_container_fails_the_pod_and_the_main_container_never_starts(
-    core: client.CoreV1Api, namespace: str, make_pod: PodFactory, busybox_image: str
-) -> None:
-    init = {"name": "broken", "image": busybox_image, "command": ["false"]}
-    core.create_namespaced_pod(namespace, model(client.V1Pod, make_pod("blocked", initContainers=[init])))
-
-    pod = wait_for_pod(core, namespace, "blocked", phase_is("Failed"))
-
-    assert pod.status is not None and pod.status.container_statuses is not None
-    assert pod.status.container_statuses[0].state is not None
-    assert pod.status.container_statuses[0].state.running is None
