@@ -214,46 +214,15 @@ class DockerKubelet:
             raise bad_request(f'unable to upgrade connection: container not found ("{main}")')
         return runtime.container
 
-    async def delete_pod(self, pod: JsonObj, grace_period: int | None) -> JsonObj:
-        """Delete a pod as the API server + kubelet do; returns the object for the DELETE response.
-
-        Grace 0 (or an unscheduled / finished pod) removes the object at once and the container in the
-        background; otherwise the pod is Terminating until its container stops (SIGTERM, then SIGKILL
-        after the grace period), then DELETED.
-        """
-        metadata, spec = pod["metadata"], pod["spec"]
-        if metadata.get("deletionTimestamp"):
-            return pod
-        period = grace_period if grace_period is not None else int(spec.get("terminationGracePeriodSeconds", 30))
-        if not spec.get("nodeName") or pod["status"].get("phase") in ("Succeeded", "Failed"):
-            period = 0
+    def delete_pod(self, pod: JsonObj) -> JsonObj:
+        """Delete a pod as with gracePeriodSeconds 0: the object at once, its container in the background."""
+        metadata = pod["metadata"]
+        deleted = self._store.delete(PODS, metadata["namespace"], metadata["name"])
         runtime = self._pods.get(metadata["uid"])
         if runtime is not None:
             runtime.deleted = True
-        if period == 0:
-            deleted = self._store.delete(PODS, metadata["namespace"], metadata["name"])
-            if runtime is not None:
-                self._spawn(self._remove_pod(runtime, 0, delete_object=False))
-            return deleted
-        metadata["deletionTimestamp"] = now_rfc3339()
-        metadata["deletionGracePeriodSeconds"] = period
-        updated = self._store.replace(PODS, pod) or pod
-        if runtime is not None:
-            self._spawn(self._remove_pod(runtime, period, delete_object=True))
-        else:
-            self._store.delete(PODS, metadata["namespace"], metadata["name"])
-        return updated
-
-    async def logs(self, pod: JsonObj, container: str | None, tail_lines: int | None) -> bytes:
-        runtime = self._pods.get(pod["metadata"]["uid"])
-        target = container or pod["spec"]["containers"][0]["name"]
-        container_id = runtime.container if runtime else None
-        if container_id is None:
-            raise bad_request(
-                f'container "{target}" in pod "{pod["metadata"]["name"]}" is waiting to start: ContainerCreating'
-            )
-        tail: int | str = tail_lines if tail_lines is not None else "all"
-        return await self._run_sync(self._api.logs, container_id, stdout=True, stderr=True, tail=tail)
+            self._spawn(self._remove_pod(runtime))
+        return deleted
 
     async def shutdown(self) -> None:
         """Force-remove everything this node created (containers and volumes with the instance label)."""
@@ -516,22 +485,18 @@ class DockerKubelet:
             return exit_code, "OOMKilled"
         return exit_code, "Completed" if exit_code == 0 else "Error"
 
-    async def _remove_pod(self, runtime: PodRuntime, grace_period: int, *, delete_object: bool) -> None:
+    async def _remove_pod(self, runtime: PodRuntime) -> None:
         async with runtime.lock:
             runtime.deleted = True
             if runtime.task is not None:
                 runtime.task.cancel()
-            await self._run_sync(self._remove_pod_containers, runtime.uid, grace_period)
+            await self._run_sync(self._remove_pod_containers, runtime.uid)
         self._pods.pop(runtime.uid, None)
-        if delete_object and self._store.find(PODS, runtime.namespace, runtime.name) is not None:
-            self._store.delete(PODS, runtime.namespace, runtime.name)
         await self._finalize_claims(runtime.namespace)
 
-    def _remove_pod_containers(self, uid: str, grace_period: int) -> None:
+    def _remove_pod_containers(self, uid: str) -> None:
         filters = {"label": [f"{INSTANCE_LABEL}={self._instance}", f"io.kubernetes.pod.uid={uid}"]}
         for info in self._api.containers(all=True, filters=filters):
-            if grace_period > 0 and info.get("State") == "running":
-                _ignore_gone(self._api.stop, info["Id"], timeout=grace_period)
             _ignore_gone(self._api.remove_container, info["Id"], force=True, v=True)
 
 

@@ -22,7 +22,7 @@ from .api import ApiServer
 from .docker_api import docker_api
 from .objects import JsonObj, as_list, as_obj
 from .runtime import INSTANCE_LABEL, OWNER_LABEL, DockerKubelet
-from .store import Store, now_rfc3339
+from .store import Store
 from .translate import RuntimeOptions
 from .validation import is_dns1123_label
 
@@ -159,15 +159,7 @@ class KubeApiDouble:
             runtime_classes=self._runtime_classes,
             options=self._options,
         )
-        api = ApiServer(
-            self._store,
-            self._kubelet,
-            self._client,
-            self._executor,
-            token=self.token,
-            address=f"127.0.0.1:{self._port}",
-            started=now_rfc3339(),
-        )
+        api = ApiServer(self._store, self._kubelet, self._client, self._executor, token=self.token)
         # The API server accepts request lines and headers up to 1 MiB (Go's MaxHeaderBytes it sets), so exec
         # commands with long arguments (a script passed to `sh -c`) work; aiohttp's default is 8 KiB.
         self._runner = web.AppRunner(

@@ -15,7 +15,7 @@ from docker.types import Mount
 
 from .objects import JsonObj, as_list, as_obj
 from .quantity import to_bytes, to_millicores, to_nano_cpus
-from .selectors import selector_from_object
+from .selectors import matches_labels
 
 
 class ContainerConfigError(Exception):
@@ -239,15 +239,10 @@ def plan_container(
 
 
 def egress_denied(pod_labels: Mapping[str, str], policies: Sequence[JsonObj]) -> bool:
-    """True when some policy selects the pod for Egress and no selecting policy allows any egress."""
-    selected = False
-    for policy in policies:
-        spec = as_obj(policy.get("spec"))
-        if "Egress" not in as_list(spec.get("policyTypes")):
-            continue
-        if not selector_from_object(as_obj(spec.get("podSelector"))).matches(pod_labels):
-            continue
-        selected = True
-        if as_list(spec.get("egress")):
-            return False
-    return selected
+    """True when a policy selects the pod for Egress (validation admits only policies without rules)."""
+    specs = [as_obj(policy.get("spec")) for policy in policies]
+    return any(
+        "Egress" in as_list(spec.get("policyTypes"))
+        and matches_labels(as_obj(as_obj(spec.get("podSelector")).get("matchLabels")), pod_labels)
+        for spec in specs
+    )

@@ -3,7 +3,8 @@
 Only the rules a sandbox backend can trip over are implemented: names, labels, the pod fields the
 double runs, quantities, and the security-context combinations the API server rejects. Valid fields the
 double does not run (`generateName`, init containers, `activeDeadlineSeconds`, volume types other than
-emptyDir and persistentVolumeClaim, container `stdin`/`tty`) are refused as 422 Forbidden, never ignored.
+emptyDir and persistentVolumeClaim, container `stdin`/`tty`, network policy rules and `matchExpressions`)
+are refused as 422 Forbidden, never ignored.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from .errors import ApiError, FieldError, bad_request, invalid
 from .objects import JsonObj, as_list, as_obj
 from .quantity import QuantityError, parse_quantity
-from .store import PERSISTENT_VOLUME_CLAIMS, PODS, Resource
+from .store import NETWORK_POLICIES, PERSISTENT_VOLUME_CLAIMS, PODS, Resource
 
 _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_SUBDOMAIN = rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*"
@@ -356,10 +357,18 @@ def validate_pvc(pvc: JsonObj) -> None:
         raise invalid(PERSISTENT_VOLUME_CLAIMS.kind, pvc["metadata"]["name"], errors)
 
 
-def default_network_policy(policy: JsonObj) -> JsonObj:
-    """`podSelector` missing means `{}`; `policyTypes` defaults to Ingress, plus Egress if egress rules exist."""
+def validate_network_policy(policy: JsonObj) -> None:
+    """Default `podSelector` and `policyTypes` as the API server does.
+
+    Raises:
+        ApiError: 422 Invalid for rules and `matchExpressions`, which the double cannot enforce: it gives a pod
+            that a policy selects for Egress no network at all, and every other pod the host network.
+    """
     spec = policy["spec"] = as_obj(policy.get("spec"))
-    spec.setdefault("podSelector", {})
-    if not spec.get("policyTypes"):
-        spec["policyTypes"] = ["Ingress", "Egress"] if spec.get("egress") else ["Ingress"]
-    return policy
+    selector = spec.setdefault("podSelector", {})
+    spec["policyTypes"] = spec.get("policyTypes") or ["Ingress"]
+    errors = [FieldError.forbidden(f"spec.{rules}", UNSUPPORTED) for rules in ("ingress", "egress") if spec.get(rules)]
+    if as_obj(selector).get("matchExpressions"):
+        errors.append(FieldError.forbidden("spec.podSelector.matchExpressions", UNSUPPORTED))
+    if errors:
+        raise invalid(NETWORK_POLICIES.kind, policy["metadata"]["name"], errors, NETWORK_POLICIES.group)
