@@ -163,9 +163,9 @@ def test_egress_is_denied_when_a_policy_selects_the_pod_for_egress(
 def test_sub_protocol_is_the_first_the_client_offers_that_the_double_speaks() -> None:
     assert negotiate("v5.channel.k8s.io,v4.channel.k8s.io") == "v5.channel.k8s.io"
     assert negotiate("base64.channel.k8s.io, v4.channel.k8s.io") == "v4.channel.k8s.io"
-    assert negotiate(None) == ""
-    with pytest.raises(ApiError):
-        negotiate("v9.channel.k8s.io")
+    for refused in (None, "channel.k8s.io", "v3.channel.k8s.io,v9.channel.k8s.io"):
+        with pytest.raises(ApiError):
+            negotiate(refused)
 
 
 def test_exit_status_frames_are_the_kubelet_v4_status() -> None:
