@@ -5,35 +5,52 @@ real `kubernetes` client against `KubeApiDouble`: it speaks the API server's wir
 objects, `Status` errors with their codes and reasons, watch streams, exec over WebSocket) and runs
 each pod as one Docker container, so a backend's own code runs unchanged.
 
+It serves what the Kubernetes backend sends, and answers everything else as an API server answers
+what it does not serve, so a backend that starts relying on more finds out at once.
+
 What it implements:
 
-- Discovery (`/version`, `/api`, `/api/v1`, `/apis`, `/apis/networking.k8s.io/v1`), bearer-token
-  authentication (401 `Status` without it), namespaces (every valid name exists).
-- core/v1 pods: create, get, list (`labelSelector`, `fieldSelector`), delete (grace period), delete
-  collection, `watch=true` (ADDED/MODIFIED/DELETED, `resourceVersion`, `timeoutSeconds`, 410 ERROR for
-  expired versions), `pods/log`, and `pods/exec` over WebSocket (`v5.channel.k8s.io`,
-  `v4.channel.k8s.io`, `channel.k8s.io`). Status moves Pending -> Running -> Succeeded/Failed, with
-  the kubelet's waiting reasons (`CreateContainerConfigError`, `ErrImagePull`, ...).
-- The pod spec where Docker can express it: image, command/args (with `$(VAR)` expansion), env,
-  workingDir, pod and container securityContext (user/group, runAsNonRoot check, read-only root,
-  capabilities, no-new-privileges, privileged, seccomp), CPU/memory limits, emptyDir (tmpfs sized by
-  sizeLimit) and PVC volumes, init containers, activeDeadlineSeconds.
-- core/v1 persistentvolumeclaims backed by Docker named volumes (Bound at once, protected from
-  deletion while a pod uses them), networking.k8s.io/v1 networkpolicies (stored; a deny-all egress
-  policy gives the selected pods Docker network "none", other pods get the host network).
+- `/version`, bearer-token authentication (401 `Status` without it); every valid namespace name exists.
+- core/v1 pods: create, get, list, delete (grace period 0), `watch=true` (ADDED/MODIFIED/DELETED,
+  `resourceVersion`, `timeoutSeconds`, 410 ERROR for expired versions), and `pods/exec` over
+  WebSocket (`v5.channel.k8s.io`, `v4.channel.k8s.io`). Status moves Pending -> Running ->
+  Succeeded/Failed, with the kubelet's waiting reasons (`CreateContainerConfigError`, `ErrImagePull`,
+  ...) and pending conditions (`Unschedulable`, `FailedCreatePodSandBox`).
+- Equality selectors: `labelSelector=key=value,...`, `fieldSelector=metadata.name=NAME`.
+- The API server's validation where a backend can trip over it (names, labels, quantities, volumes,
+  mounts, security-context combinations: 422 `Invalid` with field causes) and the kubelet's
+  runAsNonRoot check.
+- The pod spec where Docker can express it: one container's image, command/args, env, workingDir,
+  pod and container securityContext (user/group, supplementalGroups/fsGroup, runAsNonRoot, read-only
+  root, capabilities, no-new-privileges, privileged, seccomp), CPU/memory limits, emptyDir (tmpfs sized
+  by sizeLimit) and PVC volumes, runtimeClassName (only the configured classes start).
+- core/v1 persistentvolumeclaims (create, get, list, delete) backed by Docker named volumes (Bound at
+  once, protected from deletion while a pod uses them); networking.k8s.io/v1 networkpolicies (create,
+  get, list): a policy that selects pods (`matchLabels`) for Egress gives them Docker network "none",
+  other pods get the host network.
 
 Exec behaves like the kubelet: v5 clients end stdin with `close_channel(0)`; v4 has no end-of-stdin
 signal (an empty stdin frame is a zero-byte write), so stdin ends only when the client disconnects;
 and a process still running when the client disconnects gets EOF on stdin but is not killed. A
 command that cannot start gives an `InternalError` status, as on a real cluster (the client's
-`returncode` then raises). Pod deletion honours the grace period (SIGTERM, then SIGKILL); grace 0
-deletes the object at once and removes the container in the background.
+`returncode` then raises). A deleted pod's object goes at once and its container in the background.
 
-What it deliberately does not: scheduling and nodes (one pretend node; pods bind at once), real
-pod networking (no pod IPs, services, DNS or ingress rules; egress is all or nothing), admission
-(no ServiceAccount token volume, no Pod Security, no quota, runtime classes are not API objects),
-image pulls (images must exist locally), container restarts, updates (PUT/PATCH), multi-container pods
-(422), and any other resource (404).
+What it deliberately does not serve, and how it answers:
+
+- 404 NotFound: discovery other than `/version`, namespaces, `pods/log`, any other resource.
+- 405 MethodNotAllowed: delete collection, update and patch, deleting a network policy.
+- 422 Invalid: `generateName`, init containers, `activeDeadlineSeconds`, multi-container pods, volume
+  types other than emptyDir and persistentVolumeClaim, container `stdin`/`tty`, network policy rules
+  and `matchExpressions`, and graceful deletion (a grace period other than 0).
+- 400 BadRequest: other selector forms and field labels; exec with `tty` or over older protocols.
+- `CreateContainerConfigError` (the pod stays Pending): `$(VAR)` references (not expanded),
+  `valueFrom`/`envFrom`, Localhost seccomp profiles, `subPath` mounts.
+
+Not modelled: scheduling and nodes (one pretend node; pods bind at once), pod networking (no pod IPs,
+services or DNS), admission (no ServiceAccount token volume, no Pod Security, no quota, runtime classes
+are not API objects), image pulls (images must exist locally), container restarts and probes. Other
+pod fields (tolerations, nodeSelector, hostname, AppArmor and SELinux options, ...) are stored and
+echoed back without effect; a container's hostname is its pod's name.
 
 How tests use it::
 
