@@ -1,4 +1,4 @@
-"""The Kubernetes "engine" of the engine tier: one API server test double (tests/k8s_double) per test session.
+"""The Kubernetes "engine" of the engine tier: one API server test double (tests/support/k8s_double) per test session.
 
 Started on first use, so runs that select no Kubernetes test start nothing; `stop()` (a session fixture in
 conftest.py) removes every container and volume it made. Its node behaves like a kubelet a platform team
@@ -17,7 +17,7 @@ import docker.errors
 
 from llm_sandbox_mcp.errors import BackendUnavailable
 from llm_sandbox_mcp.models import Limits
-from tests.k8s_double import KubeApiDouble
+from tests.support.k8s_double import KubeApiDouble
 
 RUNTIME_CLASSES = ("gvisor",)
 

@@ -1,7 +1,7 @@
 """What is specific to the Kubernetes backend, read back from the API: the pod we send, the NetworkPolicy, the
 library cache claim, exec over both WebSocket protocols, pods that cannot start, the sweep.
 
-Runs against the API server test double (tests/k8s_double) with the real `kubernetes` client; the contract and
+Runs against the API server test double (tests/support/k8s_double) with the real `kubernetes` client; the contract and
 sessions suites cover everything the backend shares with the other engines.
 """
 

@@ -3,7 +3,7 @@ expects from `execute_code`.
 
 Libraries come from the real registries these machines reach (PyPI, npm, Debian's archive) or, for the
 ecosystems they cannot reach (Go modules, CRAN, RubyGems, Maven Central), from local registries the session
-builds and serves on 127.0.0.1 (tests/registries).
+builds and serves on 127.0.0.1 (tests/support/registries).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import LANGUAGES, get_language
 from llm_sandbox_mcp.models import Execution
 from tests.engines.conftest import RecordingBackend, engine_settings
-from tests.registries import Package, cran_repo, gem_source, go_proxy, maven_repo, serve
+from tests.support.registries import Package, cran_repo, gem_source, go_proxy, maven_repo, serve
 
 pytestmark = pytest.mark.anyio
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import docker
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.k8s_double import KubeApiDouble
+from tests.support.k8s_double import KubeApiDouble
 
 from .conftest import PodFactory
 from .pods import (
@@ -106,12 +108,26 @@ def test_exec_into_a_finished_or_pending_pod_is_400(
         assert "Handshake status 400" in failure_reason(caught.value)
 
 
-def test_exec_into_an_unknown_container_is_400(core: client.CoreV1Api, namespace: str, pod: str) -> None:
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        pytest.param({"container": "sidecar"}, "container sidecar is not valid for pod shell", id="unknown-container"),
+        pytest.param({"tty": True}, "tty: not supported by the k8s test double", id="tty"),
+        pytest.param(
+            {"_headers": {"sec-websocket-protocol": "v3.channel.k8s.io"}},
+            "requested protocol(s) are not supported",
+            id="protocol-older-than-v4",
+        ),
+    ],
+)
+def test_exec_the_double_cannot_serve_is_400(
+    core: client.CoreV1Api, namespace: str, pod: str, flags: dict[str, Any], message: str
+) -> None:
     with pytest.raises(ApiException) as caught:
-        open_exec(core, namespace, pod, ["true"], container="sidecar")
+        open_exec(core, namespace, pod, ["true"], **flags)
 
     assert "Handshake status 400" in failure_reason(caught.value)
-    assert "container sidecar is not valid for pod shell" in failure_reason(caught.value)
+    assert message in failure_reason(caught.value)
 
 
 def test_missing_executable_is_an_internal_error_status_as_on_a_real_cluster(
@@ -189,10 +205,3 @@ def test_large_output_arrives_complete(core: client.CoreV1Api, namespace: str, p
 
     assert returncode == 0
     assert out.splitlines() == [str(n) for n in range(1, 200001)]
-
-
-def test_tty_exec_merges_output_on_stdout(core: client.CoreV1Api, namespace: str, pod: str) -> None:
-    with exec_stream(core, namespace, pod, ["sh", "-c", "echo out; echo err >&2"], stdin=False, tty=True) as ws:
-        ws.run_forever(timeout=WAIT_SECONDS)
-        assert ws.read_stdout().replace("\r\n", "\n") == "out\nerr\n"
-        assert ws.returncode == 0

@@ -1,13 +1,15 @@
 """Defaulting and validation of posted objects, with the API server's field paths and messages.
 
 Only the rules a sandbox backend can trip over are implemented: names, labels, the pod fields the
-double runs, quantities, and the security-context combinations the API server rejects.
+double runs, quantities, and the security-context combinations the API server rejects. Valid fields the
+double does not run (`generateName`, init containers, `activeDeadlineSeconds`, volume types other than
+emptyDir and persistentVolumeClaim, container `stdin`/`tty`, network policy rules and `matchExpressions`)
+are refused as 422 Forbidden, never ignored.
 """
 
 from __future__ import annotations
 
 import re
-import secrets
 from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
@@ -15,7 +17,7 @@ from typing import Any
 from .errors import ApiError, FieldError, bad_request, invalid
 from .objects import JsonObj, as_list, as_obj
 from .quantity import QuantityError, parse_quantity
-from .store import PERSISTENT_VOLUME_CLAIMS, PODS, Resource
+from .store import NETWORK_POLICIES, PERSISTENT_VOLUME_CLAIMS, PODS, Resource
 
 _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_SUBDOMAIN = rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*"
@@ -30,24 +32,11 @@ LABEL_MESSAGE = (
     "end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is "
     f"'{_DNS1123_LABEL}')"
 )
-VOLUME_SOURCES = (
-    "emptyDir",
-    "persistentVolumeClaim",
-    "hostPath",
-    "configMap",
-    "secret",
-    "projected",
-    "downwardAPI",
-    "ephemeral",
-    "nfs",
-    "csi",
-    "image",
-    "iscsi",
-    "gitRepo",
-    "awsElasticBlockStore",
-    "gcePersistentDisk",
-)
-_GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+SUPPORTED_VOLUMES = ("emptyDir", "persistentVolumeClaim")
+UNSUPPORTED = "not supported by the k8s test double"
+# Valid Kubernetes the double does not run, refused rather than ignored (the backend sends none of them).
+_UNSERVED_POD_FIELDS = ("initContainers", "activeDeadlineSeconds")
+_UNSERVED_CONTAINER_FIELDS = ("stdin", "tty")
 
 
 def is_dns1123_label(value: str) -> bool:
@@ -76,7 +65,7 @@ def check_namespace_name(namespace: str) -> None:
 
 
 def prepare_metadata(resource: Resource, namespace: str, obj: Any) -> JsonObj:
-    """Check kind/namespace, apply `generateName`, validate name and labels.
+    """Check kind/namespace, validate name and labels.
 
     Raises:
         ApiError: 400 for a body that is not this resource, 422 for invalid metadata.
@@ -92,12 +81,11 @@ def prepare_metadata(resource: Resource, namespace: str, obj: Any) -> JsonObj:
     meta = body["metadata"] = as_obj(body.get("metadata"))
     if meta.get("namespace") not in (None, "", namespace):
         raise bad_request("the namespace of the provided object does not match the namespace sent on the request")
-    name = meta.get("name") or ""
+    name = str(meta.get("name") or "")
     errors: list[FieldError] = []
-    if not name and meta.get("generateName"):
-        name = str(meta["generateName"]) + "".join(secrets.choice(_GENERATE_ALPHABET) for _ in range(5))
-        meta["name"] = name
-    if not name:
+    if meta.get("generateName"):
+        errors.append(FieldError.forbidden("metadata.generateName", UNSUPPORTED))
+    elif not name:
         errors.append(FieldError.required("metadata.name", "name or generateName is required"))
     elif not is_dns1123_subdomain(name):
         errors.append(FieldError.invalid("metadata.name", name, SUBDOMAIN_MESSAGE))
@@ -167,24 +155,16 @@ def _quantity_errors(resources: JsonObj, path: str) -> list[FieldError]:
 
 
 def default_pod(pod: JsonObj) -> JsonObj:
-    """Apply the API server's defaults for the fields the double reports back."""
+    """Apply the API server's defaults for the fields the double acts on or reports back."""
     spec = pod["spec"] = as_obj(pod.get("spec"))
     spec.setdefault("restartPolicy", "Always")
     spec.setdefault("terminationGracePeriodSeconds", 30)
-    spec.setdefault("dnsPolicy", "ClusterFirst")
     spec.setdefault("securityContext", {})
-    spec.setdefault("schedulerName", "default-scheduler")
-    spec.setdefault("serviceAccountName", spec.get("serviceAccount") or "default")
-    spec.setdefault("serviceAccount", spec["serviceAccountName"])
-    spec.setdefault("enableServiceLinks", True)
-    spec.setdefault("priority", 0)
-    for container in map(as_obj, [*as_list(spec.get("initContainers")), *as_list(spec.get("containers"))]):
+    for container in map(as_obj, as_list(spec.get("containers"))):
         image = str(container.get("image") or "")
         tag = image.rsplit("/", 1)[-1]
         untagged = ":" not in tag and "@" not in image
         container.setdefault("imagePullPolicy", "Always" if untagged or tag.endswith(":latest") else "IfNotPresent")
-        container.setdefault("terminationMessagePath", "/dev/termination-log")
-        container.setdefault("terminationMessagePolicy", "File")
         resources = container["resources"] = as_obj(container.get("resources"))
         limits = as_obj(resources.get("limits"))
         if limits:
@@ -196,10 +176,9 @@ def default_pod(pod: JsonObj) -> JsonObj:
 
 
 def qos_class(spec: JsonObj) -> str:
-    containers = map(as_obj, [*as_list(spec.get("initContainers")), *as_list(spec.get("containers"))])
     requests_any = False
     guaranteed = True
-    for container in containers:
+    for container in map(as_obj, as_list(spec.get("containers"))):
         resources = as_obj(container.get("resources"))
         limits, requests = as_obj(resources.get("limits")), as_obj(resources.get("requests"))
         requests_any = requests_any or bool(limits) or bool(requests)
@@ -225,25 +204,20 @@ def _pod_errors(spec: JsonObj) -> list[FieldError]:
         errors.append(FieldError.required("spec.containers"))
     elif len(containers) > 1:
         errors.append(FieldError.forbidden("spec.containers", "the k8s test double runs exactly one container per pod"))
+    errors += [FieldError.forbidden(f"spec.{name}", UNSUPPORTED) for name in _UNSERVED_POD_FIELDS if name in spec]
     if spec.get("restartPolicy") not in ("Always", "OnFailure", "Never"):
         errors.append(
             FieldError.unsupported(
                 "spec.restartPolicy", str(spec.get("restartPolicy")), ["Always", "OnFailure", "Never"]
             )
         )
-    deadline = spec.get("activeDeadlineSeconds")
-    if deadline is not None and (not isinstance(deadline, int) or deadline < 1):
-        errors.append(
-            FieldError.invalid("spec.activeDeadlineSeconds", deadline, "must be between 1 and 2147483647, inclusive")
-        )
     volumes: dict[str, JsonObj] = {}
     for i, volume in enumerate(as_list(spec.get("volumes"))):
         errors += _volume_errors(as_obj(volume), f"spec.volumes[{i}]", volumes)
     errors += _security_context_errors(as_obj(spec.get("securityContext")), "spec.securityContext", pod_level=True)
     names: set[str] = set()
-    for section in ("initContainers", "containers"):
-        for i, container in enumerate(as_list(spec.get(section))):
-            errors += _container_errors(as_obj(container), f"spec.{section}[{i}]", names, volumes)
+    for i, container in enumerate(containers):
+        errors += _container_errors(as_obj(container), f"spec.containers[{i}]", names, volumes)
     return errors
 
 
@@ -258,11 +232,13 @@ def _volume_errors(volume: JsonObj, path: str, seen: dict[str, JsonObj]) -> list
         errors.append(FieldError.duplicate(f"{path}.name", name))
     else:
         seen[name] = volume
-    sources = [s for s in VOLUME_SOURCES if s in volume]
+    sources = [key for key in volume if key != "name"]
     if not sources:
         errors.append(FieldError.required(path, "must specify a volume type"))
     elif len(sources) > 1:
         errors.append(FieldError.forbidden(f"{path}.{sources[1]}", "may not specify more than 1 volume type"))
+    elif sources[0] not in SUPPORTED_VOLUMES:
+        errors.append(FieldError.forbidden(f"{path}.{sources[0]}", UNSUPPORTED))
     if "persistentVolumeClaim" in volume and not as_obj(volume["persistentVolumeClaim"]).get("claimName"):
         errors.append(FieldError.required(f"{path}.persistentVolumeClaim.claimName"))
     empty_dir = as_obj(volume.get("emptyDir"))
@@ -322,6 +298,7 @@ def _container_errors(
     elif name in names:
         errors.append(FieldError.duplicate(f"{path}.name", name))
     names.add(name)
+    errors += [FieldError.forbidden(f"{path}.{f}", UNSUPPORTED) for f in _UNSERVED_CONTAINER_FIELDS if container.get(f)]
     image = container.get("image")
     if not image:
         errors.append(FieldError.required(f"{path}.image"))
@@ -380,10 +357,18 @@ def validate_pvc(pvc: JsonObj) -> None:
         raise invalid(PERSISTENT_VOLUME_CLAIMS.kind, pvc["metadata"]["name"], errors)
 
 
-def default_network_policy(policy: JsonObj) -> JsonObj:
-    """`podSelector` missing means `{}`; `policyTypes` defaults to Ingress, plus Egress if egress rules exist."""
+def validate_network_policy(policy: JsonObj) -> None:
+    """Default `podSelector` and `policyTypes` as the API server does.
+
+    Raises:
+        ApiError: 422 Invalid for rules and `matchExpressions`, which the double cannot enforce: it gives a pod
+            that a policy selects for Egress no network at all, and every other pod the host network.
+    """
     spec = policy["spec"] = as_obj(policy.get("spec"))
-    spec.setdefault("podSelector", {})
-    if not spec.get("policyTypes"):
-        spec["policyTypes"] = ["Ingress", "Egress"] if spec.get("egress") else ["Ingress"]
-    return policy
+    selector = spec.setdefault("podSelector", {})
+    spec["policyTypes"] = spec.get("policyTypes") or ["Ingress"]
+    errors = [FieldError.forbidden(f"spec.{rules}", UNSUPPORTED) for rules in ("ingress", "egress") if spec.get(rules)]
+    if as_obj(selector).get("matchExpressions"):
+        errors.append(FieldError.forbidden("spec.podSelector.matchExpressions", UNSUPPORTED))
+    if errors:
+        raise invalid(NETWORK_POLICIES.kind, policy["metadata"]["name"], errors, NETWORK_POLICIES.group)

@@ -24,40 +24,21 @@ Matcher = Callable[[JsonObj], bool]
 
 @dataclass(frozen=True)
 class Resource:
-    """A REST resource: `pods` in core/v1, `networkpolicies` in networking.k8s.io/v1, ..."""
+    """A namespaced REST resource: `pods` in core/v1, `networkpolicies` in networking.k8s.io/v1, ..."""
 
     plural: str
     kind: str
     group: str = ""
     version: str = "v1"
-    namespaced: bool = True
-    short_names: tuple[str, ...] = ()
-    field_selectors: frozenset[str] = frozenset({"metadata.name", "metadata.namespace"})
 
     @property
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
 
-PODS = Resource(
-    "pods",
-    "Pod",
-    short_names=("po",),
-    field_selectors=frozenset(
-        {
-            "metadata.name",
-            "metadata.namespace",
-            "status.phase",
-            "spec.nodeName",
-            "spec.restartPolicy",
-            "spec.serviceAccountName",
-            "status.podIP",
-        }
-    ),
-)
-PERSISTENT_VOLUME_CLAIMS = Resource("persistentvolumeclaims", "PersistentVolumeClaim", short_names=("pvc",))
-NETWORK_POLICIES = Resource("networkpolicies", "NetworkPolicy", group="networking.k8s.io", short_names=("netpol",))
-NAMESPACES = Resource("namespaces", "Namespace", namespaced=False, short_names=("ns",))
+PODS = Resource("pods", "Pod")
+PERSISTENT_VOLUME_CLAIMS = Resource("persistentvolumeclaims", "PersistentVolumeClaim")
+NETWORK_POLICIES = Resource("networkpolicies", "NetworkPolicy", group="networking.k8s.io")
 
 
 def now_rfc3339() -> str:
@@ -78,16 +59,12 @@ class Watcher:
     """One open watch; `queue` yields events, `None` once the store shuts down."""
 
     resource: Resource
-    namespace: str | None
+    namespace: str
     matches: Matcher
     queue: asyncio.Queue[Event | None] = field(default_factory=lambda: asyncio.Queue[Event | None]())
 
     def wants(self, event: Event) -> bool:
-        if event.resource != self.resource:
-            return False
-        if self.namespace is not None and event.namespace != self.namespace:
-            return False
-        return self.matches(event.object)
+        return (event.resource, event.namespace) == (self.resource, self.namespace) and self.matches(event.object)
 
 
 class Store:
@@ -127,8 +104,7 @@ class Store:
         key = (resource, namespace, name)
         if key in self._objects:
             raise already_exists(resource.plural, name, resource.group)
-        if resource.namespaced:
-            metadata["namespace"] = namespace
+        metadata["namespace"] = namespace
         metadata["uid"] = str(uuid.uuid4())
         metadata["creationTimestamp"] = now_rfc3339()
         obj["kind"] = resource.kind
@@ -148,18 +124,18 @@ class Store:
             raise not_found(resource.plural, name, resource.group)
         return obj
 
-    def list(self, resource: Resource, namespace: str | None, matches: Matcher = lambda _: True) -> list[JsonObj]:
+    def list(self, resource: Resource, namespace: str, matches: Matcher = lambda _: True) -> list[JsonObj]:
         return [copy.deepcopy(obj) for obj in self._iter(resource, namespace) if matches(obj)]
 
-    def _iter(self, resource: Resource, namespace: str | None) -> Iterator[JsonObj]:
+    def _iter(self, resource: Resource, namespace: str) -> Iterator[JsonObj]:
         for (res, ns, _), obj in sorted(self._objects.items(), key=lambda item: item[0][1:]):
-            if res == resource and (namespace is None or ns == namespace):
+            if (res, ns) == (resource, namespace):
                 yield obj
 
     def replace(self, resource: Resource, obj: JsonObj) -> JsonObj | None:
         """Store a new version of an existing object; `None` if it was deleted meanwhile."""
         metadata = obj["metadata"]
-        key = (resource, metadata.get("namespace", ""), metadata["name"])
+        key = (resource, metadata["namespace"], metadata["name"])
         current = self._objects.get(key)
         if current is None or current["metadata"]["uid"] != metadata["uid"]:
             return None
@@ -181,7 +157,7 @@ class Store:
         self._emit(resource, namespace, "DELETED", obj)
         return copy.deepcopy(obj)
 
-    def watch(self, resource: Resource, namespace: str | None, matches: Matcher, since: str | None) -> Watcher:
+    def watch(self, resource: Resource, namespace: str, matches: Matcher, since: str | None) -> Watcher:
         """Open a watch: current objects as ADDED when `since` is empty or "0", else history after `since`.
 
         Raises:
@@ -191,11 +167,7 @@ class Store:
         if since in (None, "", "0"):
             for obj in self._iter(resource, namespace):
                 if matches(obj):
-                    watcher.queue.put_nowait(
-                        Event(
-                            self._revision, resource, obj["metadata"].get("namespace", ""), "ADDED", copy.deepcopy(obj)
-                        )
-                    )
+                    watcher.queue.put_nowait(Event(self._revision, resource, namespace, "ADDED", copy.deepcopy(obj)))
         else:
             revision = int(since) if since.isdigit() else -1
             oldest = self._history[0].resource_version if self._history else self._revision + 1
@@ -214,6 +186,3 @@ class Store:
         for watcher in self._watchers:
             watcher.queue.put_nowait(None)
         self._watchers.clear()
-
-    def watcher_count(self) -> int:
-        return len(self._watchers)

@@ -8,16 +8,14 @@ pod's, as in `securitycontext.DetermineEffectiveSecurityContext`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from docker.types import Mount
 
 from .objects import JsonObj, as_list, as_obj
 from .quantity import to_bytes, to_millicores, to_nano_cpus
-from .selectors import selector_from_object
-
-SUPPORTED_VOLUMES = ("emptyDir", "persistentVolumeClaim")
+from .selectors import matches_labels
 
 
 class ContainerConfigError(Exception):
@@ -26,7 +24,7 @@ class ContainerConfigError(Exception):
 
 @dataclass(frozen=True)
 class VolumeBacking:
-    """Where a pod volume lives: a tmpfs per container, or a Docker named volume shared by containers."""
+    """Where a pod volume lives: a tmpfs (emptyDir), or the Docker named volume of a claim."""
 
     kind: Literal["tmpfs", "volume"]
     size_bytes: int | None = None
@@ -38,9 +36,7 @@ class VolumeBacking:
 class RuntimeOptions:
     """Node-level kubelet settings the translation depends on."""
 
-    seccomp_default: bool = False  # kubelet --seccomp-default
     pids_limit: int | None = None  # kubelet --pod-max-pids
-    extra_labels: Mapping[str, str] = field(default_factory=dict[str, str])
 
 
 def effective_security_context(pod: JsonObj, container: JsonObj) -> JsonObj:
@@ -92,38 +88,8 @@ def verify_run_as_non_root(pod: JsonObj, container: JsonObj, image_user: str) ->
         raise ContainerConfigError(f"container has runAsNonRoot and image will run as root {where}")
 
 
-def expand(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes `$(VAR)` expansion: defined variables are replaced, `$$` escapes, the rest stays literal."""
-    out: list[str] = []
-    i = 0
-    while i < len(text):
-        char = text[i]
-        if char == "$" and i + 1 < len(text):
-            nxt = text[i + 1]
-            if nxt == "$":
-                out.append("$")
-                i += 2
-                continue
-            if nxt == "(":
-                close = text.find(")", i + 2)
-                if close != -1:
-                    name = text[i + 2 : close]
-                    out.append(env.get(name, f"$({name})"))
-                    i = close + 1
-                    continue
-                out.append("$(")
-                i += 2
-                continue
-            out.append("$" + nxt)
-            i += 2
-            continue
-        out.append(char)
-        i += 1
-    return "".join(out)
-
-
 def container_env(container: JsonObj, image_env: Sequence[str]) -> dict[str, str]:
-    """The container's environment: the image's, then `env` in order with `$(VAR)` expansion.
+    """The container's environment: the image's, then `env` in order.
 
     Raises:
         ContainerConfigError: `valueFrom` / `envFrom`, which the double cannot resolve.
@@ -134,15 +100,24 @@ def container_env(container: JsonObj, image_env: Sequence[str]) -> dict[str, str
         env[key] = value
     if container.get("envFrom"):
         raise ContainerConfigError("envFrom is not supported by the k8s test double")
-    defined: dict[str, str] = {}
     for item in as_list(container.get("env")):
         entry = as_obj(item)
         if entry.get("valueFrom") is not None:
             raise ContainerConfigError(f"env {entry.get('name')}: valueFrom is not supported by the k8s test double")
-        value = expand(str(entry.get("value") or ""), defined)
-        defined[str(entry["name"])] = value
-        env[str(entry["name"])] = value
+        env[str(entry["name"])] = str(entry.get("value") or "")
     return env
+
+
+def _no_references(container: JsonObj) -> None:
+    """The kubelet expands `$(VAR)` in command, args and env values; the double does not, so it refuses them.
+
+    Raises:
+        ContainerConfigError: some value holds a `$(` reference.
+    """
+    values = [*as_list(container.get("command")), *as_list(container.get("args"))]
+    values += [as_obj(entry).get("value") for entry in as_list(container.get("env"))]
+    if any("$(" in str(value) for value in values if value is not None):
+        raise ContainerConfigError("$(VAR) references are not expanded by the k8s test double")
 
 
 def _user(context: JsonObj, image_user: str) -> str | None:
@@ -153,15 +128,14 @@ def _user(context: JsonObj, image_user: str) -> str | None:
     return f"{user}:{gid}" if gid is not None else user
 
 
-def _seccomp(context: JsonObj, options: RuntimeOptions) -> list[str]:
+def _seccomp(context: JsonObj) -> list[str]:
+    """The kubelet's default (no `--seccomp-default`): an unset profile is Unconfined, not the runtime's."""
     if context.get("privileged"):
         return []
     profile_type = as_obj(context.get("seccompProfile")).get("type")
     if profile_type == "Localhost":
         raise ContainerConfigError("Localhost seccomp profiles are not supported by the k8s test double")
-    if profile_type == "RuntimeDefault" or (profile_type is None and options.seccomp_default):
-        return []
-    return ["seccomp=unconfined"]
+    return [] if profile_type == "RuntimeDefault" else ["seccomp=unconfined"]
 
 
 def _resources(container: JsonObj, options: RuntimeOptions) -> dict[str, Any]:
@@ -179,24 +153,14 @@ def _resources(container: JsonObj, options: RuntimeOptions) -> dict[str, Any]:
     return kwargs
 
 
-def _mounts(pod: JsonObj, container: JsonObj, backings: Mapping[str, VolumeBacking]) -> dict[str, Any]:
+def _mounts(container: JsonObj, backings: Mapping[str, VolumeBacking]) -> dict[str, Any]:
     mounts: list[Mount] = []
     tmpfs: dict[str, str] = {}
     for item in as_list(container.get("volumeMounts")):
         mount = as_obj(item)
         if mount.get("subPath") or mount.get("subPathExpr"):
             raise ContainerConfigError("volumeMounts[].subPath is not supported by the k8s test double")
-        backing = backings.get(str(mount["name"]))
-        if backing is None:
-            volume = next(
-                as_obj(v)
-                for v in as_list(as_obj(pod.get("spec")).get("volumes"))
-                if as_obj(v).get("name") == mount["name"]
-            )
-            kind = next((k for k in volume if k != "name"), "?")
-            raise ContainerConfigError(
-                f'volume "{mount["name"]}": {kind} volumes are not supported by the k8s test double'
-            )
+        backing = backings[str(mount["name"])]  # validation allows only the volumes the kubelet backs
         read_only = bool(mount.get("readOnly")) or backing.read_only
         target = str(mount["mountPath"])
         if backing.kind == "tmpfs":
@@ -232,16 +196,17 @@ def plan_container(
     spec = as_obj(pod.get("spec"))
     image_user = str(image_config.get("User") or "")
     verify_run_as_non_root(pod, container, image_user)
+    _no_references(container)
     context = effective_security_context(pod, container)
     env = container_env(container, as_list(image_config.get("Env")))
-    command = [expand(str(c), env) for c in as_list(container.get("command"))]
-    args = [expand(str(a), env) for a in as_list(container.get("args"))]
+    command = [str(c) for c in as_list(container.get("command"))]
+    args = [str(a) for a in as_list(container.get("args"))]
     pod_context = as_obj(spec.get("securityContext"))
     groups = [str(g) for g in as_list(pod_context.get("supplementalGroups"))]
     if pod_context.get("fsGroup") is not None:
         groups.append(str(pod_context["fsGroup"]))
     capabilities = as_obj(context.get("capabilities"))
-    security_opt = _seccomp(context, options)
+    security_opt = _seccomp(context)
     if context.get("allowPrivilegeEscalation") is False:
         security_opt.append("no-new-privileges:true")
     kwargs: dict[str, Any] = {
@@ -257,10 +222,8 @@ def plan_container(
         "cap_drop": [str(c) for c in as_list(capabilities.get("drop"))] or None,
         "security_opt": security_opt or None,
         "group_add": groups or None,
-        "stdin_open": bool(container.get("stdin")),
-        "tty": bool(container.get("tty")),
         **_resources(container, options),
-        **_mounts(pod, container, backings),
+        **_mounts(container, backings),
     }
     if command:
         kwargs["entrypoint"] = command
@@ -276,15 +239,10 @@ def plan_container(
 
 
 def egress_denied(pod_labels: Mapping[str, str], policies: Sequence[JsonObj]) -> bool:
-    """True when some policy selects the pod for Egress and no selecting policy allows any egress."""
-    selected = False
-    for policy in policies:
-        spec = as_obj(policy.get("spec"))
-        if "Egress" not in as_list(spec.get("policyTypes")):
-            continue
-        if not selector_from_object(as_obj(spec.get("podSelector"))).matches(pod_labels):
-            continue
-        selected = True
-        if as_list(spec.get("egress")):
-            return False
-    return selected
+    """True when a policy selects the pod for Egress (validation admits only policies without rules)."""
+    specs = [as_obj(policy.get("spec")) for policy in policies]
+    return any(
+        "Egress" in as_list(spec.get("policyTypes"))
+        and matches_labels(as_obj(as_obj(spec.get("podSelector")).get("matchLabels")), pod_labels)
+        for spec in specs
+    )

@@ -1,8 +1,7 @@
-"""The double's node: a kubelet that runs each pod as Docker containers and reports pod status.
+"""The double's node: a kubelet that runs each pod as one Docker container and reports pod status.
 
-One pod = its init containers (run to completion, in order) then one main container. All Docker
-SDK calls run in the double's thread pool; all store updates happen on its event loop. A pod's
-`lock` serialises container creation against deletion, so a deleted pod never leaves a container.
+All Docker SDK calls run in the double's thread pool; all store updates happen on its event loop. A
+pod's `lock` serialises container creation against deletion, so a deleted pod never leaves a container.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ from .objects import JsonObj, as_list, as_obj
 from .quantity import to_bytes
 from .store import NETWORK_POLICIES, PERSISTENT_VOLUME_CLAIMS, PODS, Store, now_rfc3339
 from .translate import (
-    SUPPORTED_VOLUMES,
     ContainerConfigError,
     RuntimeOptions,
     VolumeBacking,
@@ -44,7 +42,7 @@ T = TypeVar("T")
 INSTANCE_LABEL = "k8s-double.instance"
 OWNER_LABEL = "k8s-double.owner-pid"  # lets a later run remove what a killed run left
 _HELPER_MOUNT = "k8s-double-volume"
-_DEADLINE_MESSAGE = "Pod was active on the node longer than the specified deadline"
+_NETWORK = "host"  # of every pod that no deny-all egress NetworkPolicy selects
 
 
 @dataclass(eq=False)
@@ -58,8 +56,7 @@ class PodRuntime:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     task: asyncio.Task[None] | None = None
     deleted: bool = False
-    main_container: str | None = None
-    container_ids: dict[str, str] = field(default_factory=dict[str, str])
+    container: str | None = None  # its Docker id, once created
 
 
 def _condition(type_: str, status: bool, reason: str = "", message: str = "") -> JsonObj:
@@ -98,7 +95,7 @@ def _waiting(reason: str, message: str = "") -> JsonObj:
     return {"waiting": {"reason": reason, **({"message": message} if message else {})}}
 
 
-def _terminated(exit_code: int, reason: str, started_at: str, container_id: str, message: str = "") -> JsonObj:
+def _terminated(exit_code: int, reason: str, started_at: str, container_id: str) -> JsonObj:
     state: JsonObj = {
         "exitCode": exit_code,
         "reason": reason,
@@ -106,8 +103,6 @@ def _terminated(exit_code: int, reason: str, started_at: str, container_id: str,
         "finishedAt": now_rfc3339(),
         "containerID": f"docker://{container_id}",
     }
-    if message:
-        state["message"] = message
     return {"terminated": state}
 
 
@@ -123,7 +118,6 @@ class DockerKubelet:
         instance: str,
         runtime_classes: Iterable[str],
         options: RuntimeOptions,
-        default_network: str,
         node_name: str = "k8s-double-node",
     ) -> None:
         self._store = store
@@ -133,7 +127,6 @@ class DockerKubelet:
         self._instance = instance
         self._runtime_classes = frozenset(runtime_classes)
         self._options = options
-        self._default_network = default_network
         self.node_name = node_name
         self._pods: dict[str, PodRuntime] = {}
         self._background: set[asyncio.Task[None]] = set()
@@ -199,7 +192,7 @@ class DockerKubelet:
     def container_id(self, namespace: str, name: str) -> str | None:
         for runtime in self._pods.values():
             if (runtime.namespace, runtime.name) == (namespace, name) and not runtime.deleted:
-                return runtime.main_container
+                return runtime.container
         return None
 
     def exec_target(self, pod: JsonObj, container: str | None) -> str:
@@ -208,63 +201,28 @@ class DockerKubelet:
         Raises:
             ApiError: 400 for an unknown container or a pod whose container is not running.
         """
-        name = pod["metadata"]["name"]
-        main = pod["spec"]["containers"][0]["name"]
-        init_names = [c["name"] for c in as_list(pod["spec"].get("initContainers"))]
-        if container and container != main and container not in init_names:
+        name, main = pod["metadata"]["name"], pod["spec"]["containers"][0]["name"]
+        if container and container != main:
             raise bad_request(f"container {container} is not valid for pod {name}")
         phase = pod["status"].get("phase")
         if phase in ("Succeeded", "Failed"):
             raise bad_request(f"cannot exec into a container in a completed pod; current phase is {phase}")
         runtime = self._pods.get(pod["metadata"]["uid"])
-        target = container or main
-        container_id = runtime.container_ids.get(target) if runtime else None
-        statuses = as_list(pod["status"].get("containerStatuses")) + as_list(pod["status"].get("initContainerStatuses"))
-        running = any(s.get("name") == target and "running" in as_obj(s.get("state")) for s in statuses)
-        if container_id is None or not running:
-            raise bad_request(f'unable to upgrade connection: container not found ("{target}")')
-        return container_id
+        statuses = as_list(pod["status"].get("containerStatuses"))
+        running = any("running" in as_obj(s.get("state")) for s in statuses)
+        if runtime is None or runtime.container is None or not running:
+            raise bad_request(f'unable to upgrade connection: container not found ("{main}")')
+        return runtime.container
 
-    async def delete_pod(self, pod: JsonObj, grace_period: int | None) -> JsonObj:
-        """Delete a pod as the API server + kubelet do; returns the object for the DELETE response.
-
-        Grace 0 (or an unscheduled / finished pod) removes the object at once and the containers in the
-        background; otherwise the pod is Terminating until its container stops (SIGTERM, then SIGKILL
-        after the grace period), then DELETED.
-        """
-        metadata, spec = pod["metadata"], pod["spec"]
-        if metadata.get("deletionTimestamp"):
-            return pod
-        period = grace_period if grace_period is not None else int(spec.get("terminationGracePeriodSeconds", 30))
-        if not spec.get("nodeName") or pod["status"].get("phase") in ("Succeeded", "Failed"):
-            period = 0
+    def delete_pod(self, pod: JsonObj) -> JsonObj:
+        """Delete a pod as with gracePeriodSeconds 0: the object at once, its container in the background."""
+        metadata = pod["metadata"]
+        deleted = self._store.delete(PODS, metadata["namespace"], metadata["name"])
         runtime = self._pods.get(metadata["uid"])
         if runtime is not None:
             runtime.deleted = True
-        if period == 0:
-            deleted = self._store.delete(PODS, metadata["namespace"], metadata["name"])
-            if runtime is not None:
-                self._spawn(self._remove_pod(runtime, 0, delete_object=False))
-            return deleted
-        metadata["deletionTimestamp"] = now_rfc3339()
-        metadata["deletionGracePeriodSeconds"] = period
-        updated = self._store.replace(PODS, pod) or pod
-        if runtime is not None:
-            self._spawn(self._remove_pod(runtime, period, delete_object=True))
-        else:
-            self._store.delete(PODS, metadata["namespace"], metadata["name"])
-        return updated
-
-    async def logs(self, pod: JsonObj, container: str | None, tail_lines: int | None) -> bytes:
-        runtime = self._pods.get(pod["metadata"]["uid"])
-        target = container or pod["spec"]["containers"][0]["name"]
-        container_id = runtime.container_ids.get(target) if runtime else None
-        if container_id is None:
-            raise bad_request(
-                f'container "{target}" in pod "{pod["metadata"]["name"]}" is waiting to start: ContainerCreating'
-            )
-        tail: int | str = tail_lines if tail_lines is not None else "all"
-        return await self._run_sync(self._api.logs, container_id, stdout=True, stderr=True, tail=tail)
+            self._spawn(self._remove_pod(runtime))
+        return deleted
 
     async def shutdown(self) -> None:
         """Force-remove everything this node created (containers and volumes with the instance label)."""
@@ -321,7 +279,7 @@ class DockerKubelet:
         if pod is None:
             return
         spec = pod["spec"]
-        init_containers, main = as_list(spec.get("initContainers")), spec["containers"][0]
+        container = spec["containers"][0]
         for claim in sorted(runtime.claims):
             pvc = self._store.find(PERSISTENT_VOLUME_CLAIMS, runtime.namespace, claim)
             problem = (
@@ -335,34 +293,20 @@ class DockerKubelet:
 
         def bind(p: JsonObj) -> None:
             p["spec"]["nodeName"] = self.node_name
+            unready = f"containers with unready status: [{container['name']}]"
             p["status"].update(
                 hostIP="127.0.0.1",
                 hostIPs=[{"ip": "127.0.0.1"}],
                 startTime=now_rfc3339(),
                 conditions=[
                     _condition("PodReadyToStartContainers", False),
-                    _condition(
-                        "Initialized", not init_containers, "" if not init_containers else "ContainersNotInitialized"
-                    ),
-                    _condition(
-                        "Ready", False, "ContainersNotReady", f"containers with unready status: [{main['name']}]"
-                    ),
-                    _condition(
-                        "ContainersReady",
-                        False,
-                        "ContainersNotReady",
-                        f"containers with unready status: [{main['name']}]",
-                    ),
+                    _condition("Initialized", True),
+                    _condition("Ready", False, "ContainersNotReady", unready),
+                    _condition("ContainersReady", False, "ContainersNotReady", unready),
                     _condition("PodScheduled", True),
                 ],
-                containerStatuses=[
-                    _container_status(main, _waiting("PodInitializing" if init_containers else "ContainerCreating"))
-                ],
+                containerStatuses=[_container_status(container, _waiting("ContainerCreating"))],
             )
-            if init_containers:
-                p["status"]["initContainerStatuses"] = [
-                    _container_status(c, _waiting("PodInitializing")) for c in init_containers
-                ]
 
         if not self._update(runtime, bind):
             return
@@ -382,62 +326,23 @@ class DockerKubelet:
         backings = await self._prepare_volumes(runtime, pod)
         if backings is None:
             return
-        network_mode = "none" if self._egress_denied(pod) else self._default_network
+        network_mode = "none" if self._egress_denied(pod) else _NETWORK
         self._update(runtime, lambda p: _set_condition(p, _condition("PodReadyToStartContainers", True)))
-        for index, init in enumerate(init_containers):
-            result = await self._start_container(runtime, pod, init, index, backings, network_mode)
-            if result is None:
-                return
-            container_id, started_at = result
-            exit_code, reason = await self._wait(container_id)
-            if runtime.deleted:
-                return
-            state = _terminated(exit_code, reason, started_at, container_id)
-            if exit_code != 0:
-                self._update(runtime, partial(_init_failed, index=index, state=state))
-                return
-            self._update(
-                runtime, partial(_set_status, key="initContainerStatuses", index=index, state=state, ready=True)
-            )
-        if init_containers:
-            self._update(runtime, lambda p: _set_condition(p, _condition("Initialized", True)))
-        result = await self._start_container(runtime, pod, main, None, backings, network_mode)
+        result = await self._start_container(runtime, pod, container, backings, network_mode)
         if result is None:
             return
         container_id, started_at = result
-        runtime.main_container = container_id
-        deadline = spec.get("activeDeadlineSeconds")
-        exit_code, reason = await self._wait(container_id, deadline)
+        exit_code, reason = await self._wait(container_id)
         if runtime.deleted:
             return
-        if reason == "DeadlineExceeded":
-            self._update(
-                runtime,
-                partial(
-                    _finish,
-                    state=_terminated(exit_code, "Error", started_at, container_id),
-                    phase="Failed",
-                    reason="DeadlineExceeded",
-                    message=_DEADLINE_MESSAGE,
-                ),
-            )
-            return
-        self._update(
-            runtime,
-            partial(
-                _finish,
-                state=_terminated(exit_code, reason, started_at, container_id),
-                phase="Succeeded" if exit_code == 0 else "Failed",
-            ),
-        )
+        state = _terminated(exit_code, reason, started_at, container_id)
+        self._update(runtime, partial(_finish, state=state, phase="Succeeded" if exit_code == 0 else "Failed"))
 
     def _egress_denied(self, pod: JsonObj) -> bool:
         policies = self._store.list(NETWORK_POLICIES, pod["metadata"]["namespace"])
         return egress_denied(as_obj(pod["metadata"].get("labels")), policies)
 
-    async def _image_config(
-        self, runtime: PodRuntime, container: JsonObj, index: int | None
-    ) -> tuple[JsonObj, str] | None:
+    async def _image_config(self, runtime: PodRuntime, container: JsonObj) -> tuple[JsonObj, str] | None:
         image = str(container["image"])
         try:
             info = await self._run_sync(self._api.inspect_image, image)
@@ -449,53 +354,36 @@ class DockerKubelet:
                 if never
                 else f'failed to pull image "{image}": the k8s test double cannot pull; build or import it locally'
             )
-            self._update(
-                runtime, partial(_set_status, key=_status_key(index), index=index or 0, state=_waiting(reason, message))
-            )
+            self._update(runtime, partial(_set_status, state=_waiting(reason, message)))
             return None
         return as_obj(info.get("Config")), str(info.get("Id", ""))
 
     async def _prepare_volumes(self, runtime: PodRuntime, pod: JsonObj) -> dict[str, VolumeBacking] | None:
+        """emptyDirs as tmpfs; claims as their Docker volumes, with the kubelet's permissions on their root."""
         spec = pod["spec"]
-        init_mounted = {
-            str(m.get("name")) for c in as_list(spec.get("initContainers")) for m in as_list(c.get("volumeMounts"))
-        }
         fs_group = as_obj(spec.get("securityContext")).get("fsGroup")
         backings: dict[str, VolumeBacking] = {}
-        to_initialise: list[tuple[str, bool]] = []  # (docker volume, first use?)
+        to_initialise: list[str] = []
         for volume in as_list(spec.get("volumes")):
             name = str(volume["name"])
             if "emptyDir" in volume:
-                empty_dir = as_obj(volume.get("emptyDir"))
-                size = to_bytes(empty_dir["sizeLimit"]) if empty_dir.get("sizeLimit") is not None else None
-                if name in init_mounted:
-                    docker_name = f"k8sd-{self._instance[:8]}-{runtime.uid[:8]}-{name}"
-                    labels = {**self.labels, "io.kubernetes.pod.uid": runtime.uid}
-                    await self._run_sync(self._docker.volumes.create, name=docker_name, driver="local", labels=labels)
-                    backings[name] = VolumeBacking("volume", docker_volume=docker_name)
-                    to_initialise.append((docker_name, True))
-                else:
-                    backings[name] = VolumeBacking("tmpfs", size_bytes=size)
-            elif "persistentVolumeClaim" in volume:
-                source = as_obj(volume["persistentVolumeClaim"])
-                pvc = self._store.find(PERSISTENT_VOLUME_CLAIMS, runtime.namespace, str(source.get("claimName")))
-                if pvc is None:
-                    return None
-                docker_name = self.pvc_volume_name(pvc)
-                backings[name] = VolumeBacking(
-                    "volume", docker_volume=docker_name, read_only=bool(source.get("readOnly"))
-                )
-                first_use = docker_name not in self._initialised_volumes
-                if first_use or fs_group is not None:
-                    to_initialise.append((docker_name, first_use))
-            elif not any(kind in volume for kind in SUPPORTED_VOLUMES):
-                continue  # reported when a container mounts it
-        if to_initialise:
-            first = (as_list(spec.get("initContainers")) or spec["containers"])[0]
-            if await self._image_config(runtime, first, 0 if spec.get("initContainers") else None) is None:
+                size = as_obj(volume["emptyDir"]).get("sizeLimit")
+                backings[name] = VolumeBacking("tmpfs", size_bytes=to_bytes(size) if size is not None else None)
+                continue
+            source = as_obj(volume["persistentVolumeClaim"])  # validation admits no other kind
+            pvc = self._store.find(PERSISTENT_VOLUME_CLAIMS, runtime.namespace, str(source.get("claimName")))
+            if pvc is None:
                 return None
-            for docker_name, _first_use in to_initialise:
-                await self._run_sync(self._set_volume_root, str(first["image"]), docker_name, fs_group)
+            docker_name = self.pvc_volume_name(pvc)
+            backings[name] = VolumeBacking("volume", docker_volume=docker_name, read_only=bool(source.get("readOnly")))
+            if docker_name not in self._initialised_volumes or fs_group is not None:
+                to_initialise.append(docker_name)
+        if to_initialise:
+            container = spec["containers"][0]
+            if await self._image_config(runtime, container) is None:
+                return None
+            for docker_name in to_initialise:
+                await self._run_sync(self._set_volume_root, str(container["image"]), docker_name, fs_group)
                 self._initialised_volumes.add(docker_name)
         return backings
 
@@ -530,13 +418,11 @@ class DockerKubelet:
         runtime: PodRuntime,
         pod: JsonObj,
         container: JsonObj,
-        index: int | None,
         backings: Mapping[str, VolumeBacking],
         network_mode: str,
     ) -> tuple[str, str] | None:
-        """Create and start one container; `(id, startedAt)`, or None when the pod cannot go on."""
-        key = _status_key(index)
-        image = await self._image_config(runtime, container, index)
+        """Create and start the pod's container; `(id, startedAt)`, or None when the pod cannot go on."""
+        image = await self._image_config(runtime, container)
         if image is None:
             return None
         image_config, image_id = image
@@ -560,10 +446,7 @@ class DockerKubelet:
             )
         except ContainerConfigError as exc:
             message = str(exc)
-            self._update(
-                runtime,
-                partial(_set_status, key=key, index=index or 0, state=_waiting("CreateContainerConfigError", message)),
-            )
+            self._update(runtime, partial(_set_status, state=_waiting("CreateContainerConfigError", message)))
             return None
         async with runtime.lock:
             if runtime.deleted:
@@ -571,41 +454,26 @@ class DockerKubelet:
             step = "CreateContainerError"  # the kubelet's waiting reasons when the runtime refuses
             try:
                 created: Container = await self._run_sync(self._docker.containers.create, plan.image, **plan.kwargs)
-                container_id = str(created.id)
-                runtime.container_ids[str(container["name"])] = container_id
+                container_id = runtime.container = str(created.id)
                 step = "RunContainerError"
                 await self._run_sync(created.start)
             except docker.errors.APIError as exc:
                 message = str(exc.explanation or exc)
-                self._update(runtime, partial(_set_status, key=key, index=index or 0, state=_waiting(step, message)))
+                self._update(runtime, partial(_set_status, state=_waiting(step, message)))
                 return None
             await self._run_sync(_restore_working_dir_mode, created, plan.kwargs)
         started_at = now_rfc3339()
         state = {"running": {"startedAt": started_at}}
         self._update(
             runtime,
-            partial(
-                _set_status,
-                key=key,
-                index=index or 0,
-                state=state,
-                ready=index is None,
-                container_id=container_id,
-                image_id=image_id,
-                running=index is None,
-            ),
+            partial(_set_status, state=state, ready=True, container_id=container_id, image_id=image_id, running=True),
         )
         return container_id, started_at
 
-    async def _wait(self, container_id: str, deadline: int | None = None) -> tuple[int, str]:
+    async def _wait(self, container_id: str) -> tuple[int, str]:
         """Wait for a container to exit: (exit code, terminated reason)."""
         try:
-            wait = self._run_sync(self._api.wait, container_id)
-            result = await asyncio.wait_for(wait, timeout=deadline) if deadline else await wait
-        except asyncio.TimeoutError:
-            await self._run_sync(self._api.kill, container_id)
             result = await self._run_sync(self._api.wait, container_id)
-            return int(result.get("StatusCode", 137)), "DeadlineExceeded"
         except docker.errors.NotFound:
             return 137, "Error"
         exit_code = int(result.get("StatusCode", -1))
@@ -617,25 +485,19 @@ class DockerKubelet:
             return exit_code, "OOMKilled"
         return exit_code, "Completed" if exit_code == 0 else "Error"
 
-    async def _remove_pod(self, runtime: PodRuntime, grace_period: int, *, delete_object: bool) -> None:
+    async def _remove_pod(self, runtime: PodRuntime) -> None:
         async with runtime.lock:
             runtime.deleted = True
             if runtime.task is not None:
                 runtime.task.cancel()
-            await self._run_sync(self._remove_pod_resources, runtime.uid, grace_period)
+            await self._run_sync(self._remove_pod_containers, runtime.uid)
         self._pods.pop(runtime.uid, None)
-        if delete_object and self._store.find(PODS, runtime.namespace, runtime.name) is not None:
-            self._store.delete(PODS, runtime.namespace, runtime.name)
         await self._finalize_claims(runtime.namespace)
 
-    def _remove_pod_resources(self, uid: str, grace_period: int) -> None:
+    def _remove_pod_containers(self, uid: str) -> None:
         filters = {"label": [f"{INSTANCE_LABEL}={self._instance}", f"io.kubernetes.pod.uid={uid}"]}
         for info in self._api.containers(all=True, filters=filters):
-            if grace_period > 0 and info.get("State") == "running":
-                _ignore_gone(self._api.stop, info["Id"], timeout=grace_period)
             _ignore_gone(self._api.remove_container, info["Id"], force=True, v=True)
-        for volume in as_list(self._api.volumes(filters=filters).get("Volumes")):
-            _ignore_gone(self._api.remove_volume, volume["Name"], force=True)
 
 
 def _restore_working_dir_mode(container: Container, kwargs: Mapping[str, Any]) -> None:
@@ -658,10 +520,6 @@ def _ignore_gone(remove: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
             raise
 
 
-def _status_key(index: int | None) -> str:
-    return "containerStatuses" if index is None else "initContainerStatuses"
-
-
 def _set_condition(pod: JsonObj, condition: JsonObj) -> None:
     conditions = [c for c in as_list(pod["status"].get("conditions")) if c.get("type") != condition["type"]]
     pod["status"]["conditions"] = [*conditions, condition]
@@ -670,48 +528,30 @@ def _set_condition(pod: JsonObj, condition: JsonObj) -> None:
 def _set_status(
     pod: JsonObj,
     *,
-    key: str,
-    index: int,
     state: JsonObj,
     ready: bool = False,
     container_id: str = "",
     image_id: str = "",
     running: bool = False,
 ) -> None:
-    containers = as_list(pod["spec"].get("containers" if key == "containerStatuses" else "initContainers"))
-    statuses = as_list(pod["status"].get(key)) or [
-        _container_status(c, _waiting("PodInitializing")) for c in containers
-    ]
-    previous = as_obj(statuses[index])
-    statuses[index] = _container_status(
-        containers[index],
+    container = pod["spec"]["containers"][0]
+    previous = as_obj((as_list(pod["status"].get("containerStatuses")) or [{}])[0])
+    status = _container_status(
+        container,
         state,
         ready=ready,
         container_id=container_id or str(previous.get("containerID", "")).removeprefix("docker://"),
         image_id=image_id or str(previous.get("imageID", "")),
     )
-    pod["status"][key] = statuses
+    pod["status"]["containerStatuses"] = [status]
     if running:
         pod["status"]["phase"] = "Running"
         for type_ in ("Ready", "ContainersReady"):
             _set_condition(pod, _condition(type_, True))
 
 
-def _init_failed(pod: JsonObj, *, index: int, state: JsonObj) -> None:
-    _set_status(pod, key="initContainerStatuses", index=index, state=state)
-    if pod["spec"].get("restartPolicy") == "Never":
-        pod["status"]["phase"] = "Failed"
-    else:  # the kubelet would restart it with back-off; the double stops here
-        statuses = pod["status"]["initContainerStatuses"]
-        statuses[index]["lastState"] = state
-        statuses[index]["state"] = _waiting("CrashLoopBackOff", "the k8s test double does not restart containers")
-
-
-def _finish(pod: JsonObj, *, state: JsonObj, phase: str, reason: str = "", message: str = "") -> None:
-    _set_status(pod, key="containerStatuses", index=0, state=state)
+def _finish(pod: JsonObj, *, state: JsonObj, phase: str) -> None:
+    _set_status(pod, state=state)
     pod["status"]["phase"] = phase
-    if reason:
-        pod["status"]["reason"] = reason
-        pod["status"]["message"] = message
     for type_ in ("Ready", "ContainersReady"):
         _set_condition(pod, _condition(type_, False, "PodCompleted"))

@@ -1,23 +1,21 @@
-"""Pods through the real client: lifecycle, validation, selectors, watch, deletion, auth."""
+"""Pods through the real client: lifecycle, validation, selectors, watch, deletion, auth, what is not served."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, cast
 
 import docker
-import docker.errors
 import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from tests.k8s_double import KubeApiDouble
+from tests.support.k8s_double import KubeApiDouble
 
 from .conftest import PodFactory
 from .pods import (
@@ -109,6 +107,7 @@ def test_creating_a_pod_twice_is_409_already_exists(
     ("change", "field"),
     [
         pytest.param({"metadata": {"name": "Bad_Name"}}, "metadata.name", id="name-not-dns1123"),
+        pytest.param({"metadata": {"generateName": "sandbox-"}}, "metadata.generateName", id="generate-name"),
         pytest.param({"container": {"image": ""}}, "spec.containers[0].image", id="image-missing"),
         pytest.param(
             {"container": {"resources": {"limits": {"memory": "128K"}}}},
@@ -132,6 +131,12 @@ def test_creating_a_pod_twice_is_409_already_exists(
         ),
         pytest.param({"restartPolicy": "Sometimes"}, "spec.restartPolicy", id="restart-policy"),
         pytest.param({"extra_container": True}, "spec.containers", id="second-container"),
+        pytest.param({"initContainers": [{"name": "i", "image": "x"}]}, "spec.initContainers", id="init-container"),
+        pytest.param({"activeDeadlineSeconds": 60}, "spec.activeDeadlineSeconds", id="active-deadline"),
+        pytest.param(
+            {"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}, "spec.volumes[0].hostPath", id="host-path-volume"
+        ),
+        pytest.param({"container": {"tty": True}}, "spec.containers[0].tty", id="tty"),
     ],
 )
 def test_invalid_pod_is_rejected_with_422_naming_the_field(
@@ -230,7 +235,6 @@ def test_accepted_fields_without_runtime_effect_are_echoed_back(
         enableServiceLinks=False,
         nodeSelector={"kubernetes.io/os": "linux"},
         tolerations=[{"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"}],
-        activeDeadlineSeconds=600,
     )
 
     created = core.create_namespaced_pod(namespace, model(client.V1Pod, manifest))
@@ -240,96 +244,40 @@ def test_accepted_fields_without_runtime_effect_are_echoed_back(
     assert spec.automount_service_account_token is False and spec.enable_service_links is False
     assert spec.node_selector == {"kubernetes.io/os": "linux"}
     assert spec.tolerations is not None and spec.tolerations[0].key == "sandbox"
-    assert spec.active_deadline_seconds == 600
 
 
-def test_active_deadline_fails_the_pod_with_deadline_exceeded(
+def test_equality_selectors_select_the_matching_pods(
     core: client.CoreV1Api, namespace: str, make_pod: PodFactory
 ) -> None:
-    core.create_namespaced_pod(namespace, model(client.V1Pod, make_pod("deadline", activeDeadlineSeconds=1)))
-
-    pod = wait_for_pod(core, namespace, "deadline", phase_is("Failed"))
-
-    assert pod.status is not None and pod.status.reason == "DeadlineExceeded"
-
-
-def test_label_selector_forms_select_the_matching_pods(
-    core: client.CoreV1Api, namespace: str, make_pod: PodFactory
-) -> None:
-    for name, labels in (("a", {"app": "x", "tier": "web"}), ("b", {"app": "y"}), ("c", {"app": "z", "tier": "db"})):
+    for name, labels in (("a", {"app": "x", "tier": "web"}), ("b", {"app": "y"}), ("c", {"app": "x"})):
         core.create_namespaced_pod(namespace, model(client.V1Pod, make_pod(name, labels=labels, command=["true"])))
 
-    def names(selector: str) -> list[str]:
-        pods = core.list_namespaced_pod(namespace, label_selector=selector).items
+    def names(labels: str | None = None, fields: str | None = None) -> list[str]:
+        pods = core.list_namespaced_pod(namespace, label_selector=labels, field_selector=fields).items
         return sorted(p.metadata.name for p in pods if p.metadata is not None and p.metadata.name)
 
-    assert names("app=x") == ["a"]
-    assert names("app==y") == ["b"]
-    assert names("app!=x") == ["b", "c"]
-    assert names("app in (x, z)") == ["a", "c"]
-    assert names("app notin (x)") == ["b", "c"]
-    assert names("tier") == ["a", "c"]
-    assert names("!tier") == ["b"]
-    assert names("app in (x,y,z),tier!=db") == ["a", "b"]
+    assert names("app=x") == ["a", "c"]
+    assert names("app==x,tier=web") == ["a"]
     assert names("") == ["a", "b", "c"]
+    assert names(fields="metadata.name=b") == ["b"]
 
 
-def test_malformed_label_selector_is_400(core: client.CoreV1Api, namespace: str) -> None:
+@pytest.mark.parametrize(
+    ("labels", "fields"),
+    [
+        pytest.param("app in (x)", None, id="set-based"),
+        pytest.param("app!=x", None, id="inequality"),
+        pytest.param(None, "status.phase=Running", id="field-label"),
+    ],
+)
+def test_selectors_the_double_does_not_serve_are_400(
+    core: client.CoreV1Api, namespace: str, labels: str | None, fields: str | None
+) -> None:
     with pytest.raises(ApiException) as caught:
-        core.list_namespaced_pod(namespace, label_selector="app in x,y")
+        core.list_namespaced_pod(namespace, label_selector=labels, field_selector=fields)
 
     assert status_code(caught.value) == 400
-
-
-def test_field_selector_selects_by_name_and_phase(core: client.CoreV1Api, namespace: str, make_pod: PodFactory) -> None:
-    core.create_namespaced_pod(namespace, model(client.V1Pod, make_pod("one", command=["true"])))
-    core.create_namespaced_pod(namespace, model(client.V1Pod, make_pod("two")))
-    wait_for_pod(core, namespace, "one", phase_is("Succeeded"))
-    wait_for_pod(core, namespace, "two", phase_is("Running"))
-
-    by_name = core.list_namespaced_pod(namespace, field_selector="metadata.name=two").items
-    by_phase = core.list_namespaced_pod(namespace, field_selector="status.phase!=Running").items
-
-    assert [p.metadata.name for p in by_name if p.metadata] == ["two"]
-    assert [p.metadata.name for p in by_phase if p.metadata] == ["one"]
-
-
-def test_delete_collection_by_label_removes_only_the_selected_pods_and_their_containers(
-    kube: KubeApiDouble,
-    core: client.CoreV1Api,
-    namespace: str,
-    make_pod: PodFactory,
-    docker_client: docker.DockerClient,
-) -> None:
-    for name, session in (("s1", "alpha"), ("s2", "alpha"), ("s3", "beta")):
-        run_pod(core, namespace, make_pod(name, labels={"session": session}))
-    doomed = [kube.container_id(name, namespace) for name in ("s1", "s2")]
-
-    deleted = core.delete_collection_namespaced_pod(namespace, label_selector="session=alpha", grace_period_seconds=0)
-
-    assert deleted is not None
-    remaining = core.list_namespaced_pod(namespace).items
-    assert [p.metadata.name for p in remaining if p.metadata] == ["s3"]
-    for container_id in doomed:
-        assert container_id is not None
-        _wait_until_container_gone(docker_client, container_id)
-
-
-def _wait_until_container_gone(docker_client: docker.DockerClient, container_id: str) -> None:
-    events = docker_client.events(  # pyright: ignore[reportUnknownMemberType]
-        filters={"container": container_id, "event": "destroy"}, decode=True, until=int(time.time()) + WAIT_SECONDS
-    )
-    try:
-        docker_client.containers.get(container_id)
-    except docker.errors.NotFound:
-        events.close()  # pyright: ignore[reportUnknownMemberType]
-        return
-    try:
-        for _ in events:  # pyright: ignore[reportUnknownVariableType]
-            return
-        pytest.fail(f"container {container_id} was not removed in {WAIT_SECONDS}s")
-    finally:
-        events.close()  # pyright: ignore[reportUnknownMemberType]
+    assert _status(caught.value)["reason"] == "BadRequest"
 
 
 def test_watch_reports_added_modified_and_deleted(core: client.CoreV1Api, namespace: str, make_pod: PodFactory) -> None:
@@ -371,51 +319,55 @@ def test_watch_without_resource_version_starts_with_the_current_objects_and_hono
     assert {kind for kind, _ in events} <= {"ADDED", "MODIFIED"}
 
 
-def test_graceful_delete_marks_the_pod_terminating_before_it_is_deleted(
+def test_graceful_deletion_is_422_and_leaves_the_pod(
     core: client.CoreV1Api, namespace: str, make_pod: PodFactory
 ) -> None:
-    manifest = make_pod("graceful")
-    manifest["spec"]["terminationGracePeriodSeconds"] = 5
-    run_pod(core, namespace, manifest)
+    core.create_namespaced_pod(namespace, model(client.V1Pod, make_pod("graceful")))
 
-    answer = core.delete_namespaced_pod("graceful", namespace)
+    with pytest.raises(ApiException) as caught:
+        core.delete_namespaced_pod("graceful", namespace, grace_period_seconds=5)
 
-    assert answer.metadata is not None and answer.metadata.deletion_timestamp is not None
-    assert answer.metadata.deletion_grace_period_seconds == 5
-    types: list[str] = []
-    watcher = watch.Watch()
-    for kind, _ in watch_events(
-        watcher,
-        core.list_namespaced_pod,
-        namespace,
-        field_selector="metadata.name=graceful",
-        resource_version=answer.metadata.resource_version,
-        timeout_seconds=WAIT_SECONDS,
-    ):
-        types.append(kind)
-        if kind == "DELETED":
-            watcher.stop()
-    assert types == ["DELETED"]
+    assert status_code(caught.value) == 422
+    assert _status(caught.value)["details"]["causes"][0]["field"] == "gracePeriodSeconds"
+    assert core.read_namespaced_pod("graceful", namespace).metadata is not None
 
 
-def test_pod_logs_return_the_container_output(core: client.CoreV1Api, namespace: str, make_pod: PodFactory) -> None:
-    core.create_namespaced_pod(
-        namespace, model(client.V1Pod, make_pod("talker", command=["sh", "-c", "echo hello from the pod"]))
-    )
-    wait_for_pod(core, namespace, "talker", phase_is("Succeeded"))
+def _request(kube: KubeApiDouble, method: str, path: str, *, auth: bool = True) -> tuple[int, dict[str, Any]]:
+    headers = {"Authorization": f"Bearer {kube.token}"} if auth else {}
+    request = urllib.request.Request(f"{kube.url}{path}", method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=WAIT_SECONDS) as response:
+            return int(response.status), json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, json.loads(exc.read())
 
-    assert core.read_namespaced_pod_log("talker", namespace) == "hello from the pod\n"
+
+@pytest.mark.parametrize(
+    ("method", "path", "code"),
+    [
+        ("GET", "/api/v1/namespaces/default/pods/any/log", 404),
+        ("GET", "/api/v1", 404),
+        ("GET", "/api/v1/namespaces/default", 404),
+        ("GET", "/api/v1/namespaces/default/services", 404),
+        ("DELETE", "/api/v1/namespaces/default/pods", 405),
+        ("PATCH", "/api/v1/namespaces/default/pods/any", 405),
+        ("DELETE", "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies/any", 405),
+    ],
+)
+def test_what_the_double_does_not_serve_is_a_404_or_405_status(
+    kube: KubeApiDouble, method: str, path: str, code: int
+) -> None:
+    answer, body = _request(kube, method, path)
+
+    assert (answer, body["kind"], body["code"]) == (code, "Status", code)
+    assert body["reason"] == {404: "NotFound", 405: "MethodNotAllowed"}[code]
 
 
 def test_request_without_the_bearer_token_is_401_status(kube: KubeApiDouble) -> None:
-    request = urllib.request.Request(f"{kube.url}/api/v1/namespaces/default/pods")
+    answer, body = _request(kube, "GET", "/api/v1/namespaces/default/pods", auth=False)
 
-    with pytest.raises(urllib.error.HTTPError) as caught:
-        urllib.request.urlopen(request, timeout=WAIT_SECONDS)
-
-    with caught.value:
-        body = json.loads(caught.value.read())
-    assert caught.value.code == 401
+    assert answer == 401
     assert body["kind"] == "Status" and body["reason"] == "Unauthorized" and body["code"] == 401
 
 
@@ -427,21 +379,8 @@ def test_client_with_a_wrong_token_gets_401(kube: KubeApiDouble) -> None:
     assert status_code(caught.value) == 401
 
 
-def test_discovery_answers_version_core_and_networking_groups(api_client: client.ApiClient) -> None:
-    version = client.VersionApi(api_client).get_code()
-    core_resources = client.CoreV1Api(api_client).get_api_resources()
-    groups = client.ApisApi(api_client).get_api_versions()
-    networking = client.NetworkingV1Api(api_client).get_api_resources()
-
-    assert version.major == "1"
-    assert {"pods", "pods/exec", "persistentvolumeclaims", "namespaces"} <= {r.name for r in core_resources.resources}
-    assert "networking.k8s.io" in [g.name for g in groups.groups]
-    assert [r.name for r in networking.resources] == ["networkpolicies"]
-
-
-def test_every_namespace_exists(core: client.CoreV1Api, namespace: str) -> None:
-    assert core.read_namespace("default").status.phase == "Active"  # pyright: ignore[reportOptionalMemberAccess]
-    assert core.read_namespace(namespace).metadata.name == namespace  # pyright: ignore[reportOptionalMemberAccess]
+def test_version_is_the_only_discovery_served(api_client: client.ApiClient) -> None:
+    assert client.VersionApi(api_client).get_code().major == "1"
 
 
 def test_stop_removes_every_container_and_volume_it_created(
@@ -459,24 +398,11 @@ def test_stop_removes_every_container_and_volume_it_created(
         core.create_namespaced_persistent_volume_claim("default", model(client.V1PersistentVolumeClaim, claim))
         manifest = make_pod(
             "busy",
-            volumes=[
-                {"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
-                {"name": "scratch", "emptyDir": {}},
-            ],
-            initContainers=[
-                {
-                    "name": "prepare",
-                    "image": busybox_image,
-                    "command": ["touch", "/scratch/ready"],
-                    "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
-                }
-            ],
-            container={
-                "volumeMounts": [{"name": "data", "mountPath": "/data"}, {"name": "scratch", "mountPath": "/scratch"}]
-            },
+            volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+            container={"volumeMounts": [{"name": "data", "mountPath": "/data"}]},
         )
         run_pod(core, "default", manifest)
-        assert exec_in_pod(core, "default", "busy", ["ls", "/scratch"])[0] == "ready\n"
+        assert exec_in_pod(core, "default", "busy", ["touch", "/data/ready"])[2] == 0
         api.close()
         assert docker_client.containers.list(all=True, filters={"label": label})
         assert docker_client.volumes.list(filters={"label": label})
@@ -489,7 +415,7 @@ def test_stop_removes_every_container_and_volume_it_created(
 
 LEFTOVER_SCRIPT = """
 import json, sys, time, urllib.request
-from tests.k8s_double import KubeApiDouble
+from tests.support.k8s_double import KubeApiDouble
 
 double = KubeApiDouble().start()
 container = {"name": "main", "image": sys.argv[1], "command": ["sleep", "3600"]}
@@ -512,7 +438,7 @@ time.sleep(3600)
 def test_remove_leftovers_cleans_up_after_a_double_whose_process_was_killed(
     docker_client: docker.DockerClient, busybox_image: str
 ) -> None:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[4]
     child = subprocess.Popen(
         [sys.executable, "-c", LEFTOVER_SCRIPT, busybox_image], cwd=root, stdout=subprocess.PIPE, text=True
     )

@@ -1,9 +1,10 @@
 """`pods/exec` over WebSocket, as the API server + kubelet serve it, backed by `docker exec`.
 
 Wire format (k8s.io/apimachinery `remotecommand`): binary frames whose first byte is the channel,
-0 stdin, 1 stdout, 2 stderr, 3 status, 4 resize; `v5.channel.k8s.io` adds 255 = close a channel
-(`\\xff\\x00` closes stdin). The negotiated protocol is the first one the client offers that the
-double supports (v5, v4, then the legacy `channel.k8s.io`), like the API server.
+0 stdin, 1 stdout, 2 stderr, 3 status; `v5.channel.k8s.io` adds 255 = close a channel (`\\xff\\x00`
+closes stdin). The negotiated protocol is the first one the client offers that the double speaks: v5
+or v4, the two the backend supports. Older protocols and `tty=true` (terminal size on channel 4) are
+valid Kubernetes the double does not serve: 400 BadRequest.
 
 End of stdin: v5 `close(0)` half-closes the Docker exec socket, so the process reads EOF. v4 has
 no such signal (an empty stdin frame is a zero-byte write, as in the kubelet), so stdin ends only
@@ -40,9 +41,8 @@ T = TypeVar("T")
 
 V5 = "v5.channel.k8s.io"
 V4 = "v4.channel.k8s.io"
-V1 = "channel.k8s.io"
-SUPPORTED_PROTOCOLS = (V5, V4, V1)
-STDIN, STDOUT, STDERR, STATUS, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
+SUPPORTED_PROTOCOLS = (V5, V4)
+STDIN, STDOUT, STDERR, STATUS, CLOSE = 0, 1, 2, 3, 255
 _OCI_FAILURE = b"OCI runtime exec failed"
 _TRUE = {"1", "t", "T", "true", "TRUE", "True"}
 _FALSE = {"0", "f", "F", "false", "FALSE", "False"}
@@ -64,14 +64,12 @@ def parse_bool(value: str | None, name: str) -> bool:
 
 
 def negotiate(header: str | None) -> str:
-    """The sub-protocol to answer with; `''` when the client offers none (legacy v1 semantics).
+    """The sub-protocol to answer with.
 
     Raises:
-        ApiError: 400 when the client offers only protocols the double does not speak.
+        ApiError: 400 when the client offers none the double speaks.
     """
     offered = [p.strip() for p in (header or "").split(",") if p.strip()]
-    if not offered:
-        return ""
     for protocol in offered:
         if protocol in SUPPORTED_PROTOCOLS:
             return protocol
@@ -84,19 +82,20 @@ class ExecRequest:
     stdin: bool
     stdout: bool
     stderr: bool
-    tty: bool
 
     @classmethod
     def from_query(cls, query: Any) -> ExecRequest:
         """Raises: ApiError 400, with the API server's messages."""
         command = [str(c) for c in query.getall("command", [])]
         stdin, stdout = parse_bool(query.get("stdin"), "stdin"), parse_bool(query.get("stdout"), "stdout")
-        stderr, tty = parse_bool(query.get("stderr"), "stderr"), parse_bool(query.get("tty"), "tty")
+        stderr = parse_bool(query.get("stderr"), "stderr")
         if not command:
             raise bad_request("you must specify at least one command for the container")
         if not (stdin or stdout or stderr):
             raise bad_request("you must specify at least 1 of stdin, stdout, stderr")
-        return cls(command, stdin, stdout, stderr and not tty, tty)
+        if parse_bool(query.get("tty"), "tty"):
+            raise bad_request("tty: not supported by the k8s test double")
+        return cls(command, stdin, stdout, stderr)
 
 
 def exit_status(command: list[str], exit_code: int) -> JsonObj:
@@ -148,7 +147,7 @@ class ExecSession:
         return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args, **kwargs))
 
     async def run(self) -> None:
-        hijacked: Any = await self._run_sync(self._api.exec_start, self._exec_id, socket=True, tty=self._request.tty)
+        hijacked: Any = await self._run_sync(self._api.exec_start, self._exec_id, socket=True)
         reader = _buffered_reader(hijacked)
         self._socket = getattr(hijacked, "_sock", None)
         loop = asyncio.get_running_loop()
@@ -182,17 +181,12 @@ class ExecSession:
         self._socket.close()
 
     def _pump_output(self, reader: io.BufferedIOBase, loop: asyncio.AbstractEventLoop) -> None:
-        """Worker thread: demultiplex Docker's stream (8-byte frame headers unless tty) into the queue."""
+        """Worker thread: demultiplex Docker's stream (8-byte frame headers) into the queue."""
         try:
-            if self._request.tty:
-                while chunk := reader.read1(65536):
-                    if not self._put(loop, (STDOUT, chunk)):
-                        return
-            else:
-                while len(header := _read_exact(reader, 8)) == 8:
-                    payload = _read_exact(reader, int.from_bytes(header[4:8], "big"))
-                    if not self._put(loop, (STDERR if header[0] == 2 else STDOUT, payload)):
-                        return
+            while len(header := _read_exact(reader, 8)) == 8:
+                payload = _read_exact(reader, int.from_bytes(header[4:8], "big"))
+                if not self._put(loop, (STDERR if header[0] == 2 else STDOUT, payload)):
+                    return
         except (OSError, ValueError):
             pass  # socket shut down because the client went away
         self._put(loop, None)
@@ -245,12 +239,6 @@ class ExecSession:
                 # OSError: the process closed its stdin or exited; its status frame still follows.
                 with contextlib.suppress(OSError):
                     await self._run_sync(self._socket.sendall, payload)
-            elif channel == RESIZE and self._request.tty and self._protocol in (V4, V5):
-                with contextlib.suppress(ValueError, docker.errors.APIError):
-                    size = json.loads(payload or b"{}")
-                    await self._run_sync(
-                        self._api.exec_resize, self._exec_id, height=size.get("Height"), width=size.get("Width")
-                    )
 
     def _close_stdin(self) -> None:
         if self._socket is not None:
@@ -281,10 +269,7 @@ class ExecSession:
             if held is not None and self._request.stdout:
                 await self._ws.send_bytes(bytes([STDOUT]) + held)
             status = exit_status(self._request.command, exit_code)
-        if self._protocol in (V4, V5):
-            await self._ws.send_bytes(bytes([STATUS]) + json.dumps(status, separators=(",", ":")).encode())
-        elif status["status"] != "Success":
-            await self._ws.send_bytes(bytes([STATUS]) + str(status["message"]).encode())
+        await self._ws.send_bytes(bytes([STATUS]) + json.dumps(status, separators=(",", ":")).encode())
         await self._ws.close()
 
 
@@ -320,9 +305,7 @@ async def create_exec(api: DockerApi, executor: ThreadPoolExecutor, container_id
     Raises:
         ApiError: 400 when the container stopped meanwhile.
     """
-    create = partial(
-        api.exec_create, container_id, request.command, stdin=request.stdin, stdout=True, stderr=True, tty=request.tty
-    )
+    create = partial(api.exec_create, container_id, request.command, stdin=request.stdin, stdout=True, stderr=True)
     try:
         created = await asyncio.get_running_loop().run_in_executor(executor, create)
     except docker.errors.APIError as exc:
@@ -343,9 +326,9 @@ async def serve_exec(
         raise ApiError(status_object(400, "BadRequest", "Upgrade request required"))
     protocol = negotiate(request.headers.get("Sec-WebSocket-Protocol"))
     exec_id = await create_exec(api, executor, container_id, exec_request)
-    ws = web.WebSocketResponse(protocols=(protocol,) if protocol else (), compress=False, max_msg_size=0, timeout=5)
+    ws = web.WebSocketResponse(protocols=(protocol,), compress=False, max_msg_size=0, timeout=5)
     await ws.prepare(request)
-    session = ExecSession(ws, protocol or V1, exec_request, exec_id, api, executor)
+    session = ExecSession(ws, protocol, exec_request, exec_id, api, executor)
     try:
         await session.run()
     except ConnectionError:

@@ -22,7 +22,7 @@ from .api import ApiServer
 from .docker_api import docker_api
 from .objects import JsonObj, as_list, as_obj
 from .runtime import INSTANCE_LABEL, OWNER_LABEL, DockerKubelet
-from .store import Store, now_rfc3339
+from .store import Store
 from .translate import RuntimeOptions
 from .validation import is_dns1123_label
 
@@ -38,9 +38,7 @@ class KubeApiDouble:
         namespace: the default namespace of the kubeconfig context.
         token: the bearer token clients must send; random by default.
         runtime_classes: `runtimeClassName`s that start; any other leaves the pod Pending.
-        seccomp_default: kubelet `--seccomp-default`; if False an unset seccompProfile is Unconfined.
         pod_pids_limit: kubelet `--pod-max-pids`, applied as the container's pids limit.
-        default_network: Docker network for pods no deny-all egress NetworkPolicy selects.
     """
 
     def __init__(
@@ -50,9 +48,7 @@ class KubeApiDouble:
         namespace: str = "default",
         token: str | None = None,
         runtime_classes: Iterable[str] = (),
-        seccomp_default: bool = False,
         pod_pids_limit: int | None = None,
-        default_network: str = "host",
     ) -> None:
         if not is_dns1123_label(namespace):
             raise ValueError(f"namespace {namespace!r} is not a valid Kubernetes namespace name")
@@ -62,8 +58,7 @@ class KubeApiDouble:
         self._own_client = docker_client is None
         self._client = docker_client
         self._runtime_classes = tuple(runtime_classes)
-        self._options = RuntimeOptions(seccomp_default=seccomp_default, pids_limit=pod_pids_limit)
-        self._default_network = default_network
+        self._options = RuntimeOptions(pids_limit=pod_pids_limit)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -163,17 +158,8 @@ class KubeApiDouble:
             instance=self.instance_id,
             runtime_classes=self._runtime_classes,
             options=self._options,
-            default_network=self._default_network,
         )
-        api = ApiServer(
-            self._store,
-            self._kubelet,
-            self._client,
-            self._executor,
-            token=self.token,
-            address=f"127.0.0.1:{self._port}",
-            started=now_rfc3339(),
-        )
+        api = ApiServer(self._store, self._kubelet, self._client, self._executor, token=self.token)
         # The API server accepts request lines and headers up to 1 MiB (Go's MaxHeaderBytes it sets), so exec
         # commands with long arguments (a script passed to `sh -c`) work; aiohttp's default is 8 KiB.
         self._runner = web.AppRunner(

@@ -20,7 +20,7 @@ import docker.errors
 import pytest
 from kubernetes import client
 
-from tests.k8s_double import KubeApiDouble
+from tests.support.k8s_double import KubeApiDouble
 
 from .pods import api_client_for
 
@@ -159,7 +159,9 @@ def namespace(core: client.CoreV1Api) -> Iterator[str]:
     """A fresh namespace (every name exists in the double); its pods are deleted afterwards."""
     name = f"t-{uuid.uuid4().hex[:10]}"
     yield name
-    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    for pod in core.list_namespaced_pod(name).items:
+        if pod.metadata is not None and pod.metadata.name:
+            core.delete_namespaced_pod(pod.metadata.name, name, grace_period_seconds=0)
 
 
 PodFactory = Callable[..., dict[str, Any]]

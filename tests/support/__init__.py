@@ -1,0 +1,1 @@
+"""Test support code: the Kubernetes API server test double and the local package registries."""

@@ -1,0 +1,75 @@
+"""A Kubernetes API server test double whose pods run for real in the local Docker engine.
+
+No cluster can run on the machines of this project, so the Kubernetes backend is tested with the
+real `kubernetes` client against `KubeApiDouble`: it speaks the API server's wire format (JSON
+objects, `Status` errors with their codes and reasons, watch streams, exec over WebSocket) and runs
+each pod as one Docker container, so a backend's own code runs unchanged.
+
+It serves what the Kubernetes backend sends, and answers everything else as an API server answers
+what it does not serve, so a backend that starts relying on more finds out at once.
+
+What it implements:
+
+- `/version`, bearer-token authentication (401 `Status` without it); every valid namespace name exists.
+- core/v1 pods: create, get, list, delete (grace period 0), `watch=true` (ADDED/MODIFIED/DELETED,
+  `resourceVersion`, `timeoutSeconds`, 410 ERROR for expired versions), and `pods/exec` over
+  WebSocket (`v5.channel.k8s.io`, `v4.channel.k8s.io`). Status moves Pending -> Running ->
+  Succeeded/Failed, with the kubelet's waiting reasons (`CreateContainerConfigError`, `ErrImagePull`,
+  ...) and pending conditions (`Unschedulable`, `FailedCreatePodSandBox`).
+- Equality selectors: `labelSelector=key=value,...`, `fieldSelector=metadata.name=NAME`.
+- The API server's validation where a backend can trip over it (names, labels, quantities, volumes,
+  mounts, security-context combinations: 422 `Invalid` with field causes) and the kubelet's
+  runAsNonRoot check.
+- The pod spec where Docker can express it: one container's image, command/args, env, workingDir,
+  pod and container securityContext (user/group, supplementalGroups/fsGroup, runAsNonRoot, read-only
+  root, capabilities, no-new-privileges, privileged, seccomp), CPU/memory limits, emptyDir (tmpfs sized
+  by sizeLimit) and PVC volumes, runtimeClassName (only the configured classes start).
+- core/v1 persistentvolumeclaims (create, get, list, delete) backed by Docker named volumes (Bound at
+  once, protected from deletion while a pod uses them); networking.k8s.io/v1 networkpolicies (create,
+  get, list): a policy that selects pods (`matchLabels`) for Egress gives them Docker network "none",
+  other pods get the host network.
+
+Exec behaves like the kubelet: v5 clients end stdin with `close_channel(0)`; v4 has no end-of-stdin
+signal (an empty stdin frame is a zero-byte write), so stdin ends only when the client disconnects;
+and a process still running when the client disconnects gets EOF on stdin but is not killed. A
+command that cannot start gives an `InternalError` status, as on a real cluster (the client's
+`returncode` then raises). A deleted pod's object goes at once and its container in the background.
+
+What it deliberately does not serve, and how it answers:
+
+- 404 NotFound: discovery other than `/version`, namespaces, `pods/log`, any other resource.
+- 405 MethodNotAllowed: delete collection, update and patch, deleting a network policy.
+- 422 Invalid: `generateName`, init containers, `activeDeadlineSeconds`, multi-container pods, volume
+  types other than emptyDir and persistentVolumeClaim, container `stdin`/`tty`, network policy rules
+  and `matchExpressions`, and graceful deletion (a grace period other than 0).
+- 400 BadRequest: other selector forms and field labels; exec with `tty` or over older protocols.
+- `CreateContainerConfigError` (the pod stays Pending): `$(VAR)` references (not expanded),
+  `valueFrom`/`envFrom`, Localhost seccomp profiles, `subPath` mounts.
+
+Not modelled: scheduling and nodes (one pretend node; pods bind at once), pod networking (no pod IPs,
+services or DNS), admission (no ServiceAccount token volume, no Pod Security, no quota, runtime classes
+are not API objects), image pulls (images must exist locally), container restarts and probes. Other
+pod fields (tolerations, nodeSelector, hostname, AppArmor and SELinux options, ...) are stored and
+echoed back without effect; a container's hostname is its pod's name.
+
+How tests use it::
+
+    from tests.support.k8s_double import KubeApiDouble
+
+    @pytest.fixture(scope="session")
+    def kube_double(docker_client):
+        KubeApiDouble.remove_leftovers(docker_client)  # what a killed earlier run left behind
+        with KubeApiDouble(docker_client=docker_client, runtime_classes=("gvisor",)) as double:
+            yield double  # stop() force-removes every container and volume it made
+
+    def test_backend(kube_double, tmp_path):
+        kubeconfig = kube_double.write_kubeconfig(tmp_path / "kubeconfig")
+        api = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
+        ...  # or Settings(backend="kubernetes", kubeconfig=kubeconfig)
+
+`tests/support/k8s_double/tests/` has fixtures (`conftest.py`) and helpers (`pods.py`) to copy from.
+"""
+
+from .server import KubeApiDouble
+
+__all__ = ("KubeApiDouble",)
