@@ -12,7 +12,7 @@ from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing
 from llm_sandbox_mcp.models import ExecResult
 from llm_sandbox_mcp.server import build_server
-from tests.fakes import Call, FakeBackend, ok
+from tests.support.fakes import Call, FakeBackend, ok
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,7 @@ from mcp_types import CallToolResult, TextContent
 
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.server import build_server
-from tests.fakes import Call, FakeBackend, ok
+from tests.support.fakes import Call, FakeBackend, ok
 
 pytestmark = pytest.mark.anyio
 
