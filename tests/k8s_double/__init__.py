@@ -16,7 +16,8 @@ What it implements:
   the kubelet's waiting reasons (`CreateContainerConfigError`, `ErrImagePull`, ...).
 - The pod spec where Docker can express it: image, command/args (with `$(VAR)` expansion), env,
   workingDir, pod and container securityContext (user/group, runAsNonRoot check, read-only root,
-  capabilities, no-new-privileges, privileged, seccomp), CPU/memory limits, emptyDir (tmpfs sized by
+  capabilities, no-new-privileges, privileged, seccomp: `Localhost` profiles are read from the
+  `seccomp_root` directory, as a kubelet reads its own), CPU/memory limits, emptyDir (tmpfs sized by
   sizeLimit) and PVC volumes, init containers, activeDeadlineSeconds.
 - core/v1 persistentvolumeclaims backed by Docker named volumes (Bound at once, protected from
   deletion while a pod uses them), networking.k8s.io/v1 networkpolicies (stored; a deny-all egress

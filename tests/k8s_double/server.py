@@ -39,6 +39,7 @@ class KubeApiDouble:
         token: the bearer token clients must send; random by default.
         runtime_classes: `runtimeClassName`s that start; any other leaves the pod Pending.
         seccomp_default: kubelet `--seccomp-default`; if False an unset seccompProfile is Unconfined.
+        seccomp_root: the node's seccomp directory, where `Localhost` profiles are read (none: they fail).
         pod_pids_limit: kubelet `--pod-max-pids`, applied as the container's pids limit.
         default_network: Docker network for pods no deny-all egress NetworkPolicy selects.
     """
@@ -51,6 +52,7 @@ class KubeApiDouble:
         token: str | None = None,
         runtime_classes: Iterable[str] = (),
         seccomp_default: bool = False,
+        seccomp_root: Path | None = None,
         pod_pids_limit: int | None = None,
         default_network: str = "host",
     ) -> None:
@@ -62,7 +64,9 @@ class KubeApiDouble:
         self._own_client = docker_client is None
         self._client = docker_client
         self._runtime_classes = tuple(runtime_classes)
-        self._options = RuntimeOptions(seccomp_default=seccomp_default, pids_limit=pod_pids_limit)
+        self._options = RuntimeOptions(
+            seccomp_default=seccomp_default, seccomp_root=seccomp_root, pids_limit=pod_pids_limit
+        )
         self._default_network = default_network
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
