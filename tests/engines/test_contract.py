@@ -172,6 +172,19 @@ async def test_seccomp_every_engine_answers_the_same_to_each_denied_syscall(exec
     assert set(answers) == set(SYSCALL_ANSWERS)
 
 
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the i386 ABI exists on x86_64 kernels only")
+async def test_seccomp_another_abi_cannot_dodge_the_policy(executor: Executor) -> None:
+    """A 64-bit process making an i386 syscall (`int 0x80`) is killed: the policy knows only the native ABI."""
+    code = """
+        import ctypes, mmap
+        buf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        buf.write(bytes([0xB8, 0x14, 0, 0, 0, 0xCD, 0x80, 0xC3]))  # mov eax, 20 (i386 getpid); int 0x80; ret
+        print("i386 getpid:", ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))())
+    """
+    result = await run(executor, code)
+    assert result.stdout == "" and result.exit_code == 128 + 31, (result.exit_code, result.stdout)  # SIGSYS
+
+
 async def test_open_files_and_core_dumps_are_limited(executor: Executor) -> None:
     result = await run(
         executor,
