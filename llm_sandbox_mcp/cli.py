@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 
 import anyio
 
-from llm_sandbox_mcp import __version__
+from llm_sandbox_mcp import __version__, seccomp
 from llm_sandbox_mcp.backends import BACKENDS, load_backend, select_backend
 from llm_sandbox_mcp.config import Settings, load_settings
 from llm_sandbox_mcp.errors import ConfigError, SandboxError
@@ -31,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command")
     commands.add_parser("serve", help="serve MCP over stdio (the default)")
     commands.add_parser("doctor", help="check which backends are usable here")
+    commands.add_parser(
+        "seccomp-profile", help="print the sandboxes' seccomp profile (Docker/OCI JSON), to install on a host or node"
+    )
     run = commands.add_parser("run", help="run a program once in a sandbox and print its output")
     run.add_argument("file", help="source file, or - for standard input")
     run.add_argument("--language", "-l", default="python", choices=sorted(LANGUAGES))
@@ -53,6 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.command == "doctor":
         return anyio.run(_doctor, settings)
+    if args.command == "seccomp-profile":
+        sys.stdout.write(json.dumps(seccomp.oci_profile(), indent=2) + "\n")
+        return 0
     if args.command == "run":
         return anyio.run(_run, settings, args)
     anyio.run(_serve, settings)
@@ -95,7 +102,7 @@ async def _doctor(settings: Settings) -> int:
             finally:
                 await backend.aclose()
             usable[name] = True
-            sys.stdout.write(f"{name:<11} ok           {line}\n")
+            sys.stdout.write(f"{name:<11} ok           {line}; {_seccomp_line(name, settings)}\n")
         except SandboxError as exc:
             usable[name] = False
             sys.stdout.write(f"{name:<11} unavailable  {exc}\n")
@@ -110,6 +117,12 @@ async def _doctor(settings: Settings) -> int:
         return 1
     sys.stdout.write(f"configured backend: {chosen.name} (usable; {why})\n")
     return 0
+
+
+def _seccomp_line(name: str, settings: Settings) -> str:
+    return seccomp.in_force(
+        name, settings.sandbox_security_opt, settings.sandbox_privileged, settings.sandbox_k8s_seccomp_profile
+    )
 
 
 async def _run(settings: Settings, args: argparse.Namespace) -> int:

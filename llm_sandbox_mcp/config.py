@@ -115,6 +115,7 @@ class Settings(BaseSettings):
     sandbox_k8s_runtime_class: str | None = None
     sandbox_k8s_node_selector: KeyValues = Field(default_factory=lambda: {})
     sandbox_k8s_pod_template: Path | None = None
+    sandbox_k8s_seccomp_profile: str | None = None
     sandbox_k8s_start_timeout: PositiveFloat = 120.0
     sandbox_k8s_cache_size: Size = 2 * 1024**3
     sandbox_k8s_cache_storage_class: str | None = None
@@ -145,6 +146,17 @@ class Settings(BaseSettings):
             raise ValueError("SANDBOX_INSTALL_CA_BUNDLE must name a readable PEM file")
         if self.sandbox_k8s_pod_template is not None and not self.sandbox_k8s_pod_template.is_file():
             raise ValueError("SANDBOX_K8S_POD_TEMPLATE must name a readable YAML or JSON pod manifest")
+        profile = self.sandbox_k8s_seccomp_profile
+        path = (profile or "").removeprefix("localhost/")
+        if profile is not None and (
+            not profile.startswith("localhost/")
+            or not re.fullmatch(r"[A-Za-z0-9._/-]+", path)
+            or any(part in ("", ".", "..") for part in path.split("/"))
+        ):
+            raise ValueError(
+                "SANDBOX_K8S_SECCOMP_PROFILE must be localhost/<path relative to the kubelet's seccomp directory>, "
+                "e.g. localhost/llm-sandbox-mcp.json"
+            )
         if self.sandbox_user.split(":")[0] == "0":
             raise ValueError("SANDBOX_USER must not be root (uid 0); user code never runs as root")
         return self

@@ -26,6 +26,7 @@ from llm_sandbox_mcp.backends._threaded import Threaded
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, HeadTail, Limits, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.seccomp import PROFILE_JSON, ours_applies
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ def container_options(spec: SandboxSpec, labels: Mapping[str, str]) -> dict[str,
         "network_mode": limits.network_mode,
         "read_only": limits.read_only,
         "cap_drop": list(limits.cap_drop),
-        "security_opt": list(limits.security_opt),
+        "security_opt": security_options(limits),
         "privileged": limits.privileged,
         "mem_limit": limits.memory_bytes,
         "memswap_limit": limits.memory_bytes,
@@ -66,6 +67,24 @@ def container_options(spec: SandboxSpec, labels: Mapping[str, str]) -> dict[str,
                 read_only=not spec.cache.writable,
             )
         ]
+    return options
+
+
+def security_options(limits: Limits) -> list[str]:
+    """SANDBOX_SECURITY_OPT, plus the project's seccomp profile unless the operator chose one.
+
+    Docker applies one profile: ours replaces its default, and restates that default's denials. The API takes
+    the profile's content, so an operator's `seccomp=PATH` (the CLI's form) is read here.
+    """
+    options: list[str] = []
+    for option in limits.security_opt:
+        key, _, value = option.partition("=")
+        if key == "seccomp" and value.startswith("/") and os.path.isfile(value):
+            with open(value, encoding="utf-8") as profile:
+                option = f"seccomp={profile.read()}"
+        options.append(option)
+    if ours_applies(limits.security_opt, limits.privileged):
+        options.append(f"seccomp={PROFILE_JSON}")
     return options
 
 

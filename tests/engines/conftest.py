@@ -65,6 +65,7 @@ def engine_settings(name: str, **overrides: Any) -> Settings:
         base["sandbox_install_ca_bundle"] = HOST_CA_BUNDLE
     if name == "kubernetes":
         base["kubeconfig"] = kube.kubeconfig()
+        base["sandbox_k8s_seccomp_profile"] = kube.SECCOMP_PROFILE
     return Settings(**{**base, **overrides})
 
 

@@ -2,7 +2,8 @@
 
 Started on first use, so runs that select no Kubernetes test start nothing; `stop()` (a session fixture in
 conftest.py) removes every container and volume it made. Its node behaves like a kubelet a platform team
-configured for sandboxes: `--pod-max-pids` at the sandbox pids limit (Kubernetes has no per-pod pids field).
+configured for sandboxes: `--pod-max-pids` at the sandbox pids limit (Kubernetes has no per-pod pids field), and
+llm-sandbox-mcp's seccomp profile installed in its seccomp directory as `SECCOMP_PROFILE` (the README's recipe).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import docker.errors
 
 from llm_sandbox_mcp.errors import BackendUnavailable
 from llm_sandbox_mcp.models import Limits
+from llm_sandbox_mcp.seccomp import PROFILE_JSON
 from tests.support.k8s_double import KubeApiDouble
 
 RUNTIME_CLASSES = ("gvisor",)
+SECCOMP_PROFILE = "localhost/llm-sandbox-mcp.json"
 
 _lock = threading.Lock()
 _double: KubeApiDouble | None = None
@@ -31,11 +34,18 @@ def double() -> KubeApiDouble:
     global _double, _directory
     with _lock:
         if _double is None:
+            directory = Path(tempfile.mkdtemp(prefix="llm-sandbox-kube-"))
+            seccomp_root = directory / "seccomp"
+            seccomp_root.mkdir()
+            (seccomp_root / SECCOMP_PROFILE.removeprefix("localhost/")).write_text(PROFILE_JSON)
             try:
-                started = KubeApiDouble(runtime_classes=RUNTIME_CLASSES, pod_pids_limit=Limits().pids).start()
+                started = KubeApiDouble(
+                    runtime_classes=RUNTIME_CLASSES, pod_pids_limit=Limits().pids, seccomp_root=seccomp_root
+                ).start()
             except docker.errors.DockerException as exc:
+                shutil.rmtree(directory, ignore_errors=True)
                 raise BackendUnavailable(f"the Kubernetes API test double needs a Docker engine: {exc}") from exc
-            _directory = Path(tempfile.mkdtemp(prefix="llm-sandbox-kube-"))
+            _directory = directory
             started.write_kubeconfig(_directory / "kubeconfig")
             _double = started
         return _double

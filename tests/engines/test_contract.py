@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import json
+import platform
 import resource
 import textwrap
 
@@ -12,6 +15,7 @@ from llm_sandbox_mcp.errors import InvalidRequest
 from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import get_language
 from llm_sandbox_mcp.models import Execution
+from llm_sandbox_mcp.seccomp import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, SYSCALLS
 from tests.engines.conftest import RecordingBackend, engine_settings
 
 pytestmark = pytest.mark.anyio
@@ -56,6 +60,129 @@ async def test_sandbox_has_no_capabilities_no_root_and_no_new_privileges(executo
     assert uid != "0" and gid != "0"
     assert int(cap_eff, 16) == 0 and int(cap_prm, 16) == 0
     assert no_new_privs == "1"
+
+
+# One syscall policy on every engine: the same answer to each call, whatever runs the sandbox. Each probe is
+# chosen so that, without the policy, it would succeed or fail with another errno (the comments say how), so
+# EPERM here is the policy's answer, not a missing capability's. 0 means the call succeeded.
+SYSCALL_ANSWERS: dict[str, int] = {
+    "unshare(CLONE_NEWUSER)": errno.EPERM,  # succeeds unconfined: a new user namespace
+    "unshare(CLONE_NEWNS)": errno.EPERM,
+    "unshare(CLONE_NEWNET)": errno.EPERM,
+    "clone(CLONE_NEWUSER|CLONE_NEWNET)": errno.EPERM,  # succeeds unconfined: a child in new namespaces
+    "setns(uts)": errno.EPERM,
+    "mount(tmpfs)": errno.EPERM,
+    "umount2(/tmp)": errno.EPERM,
+    "ptrace(PTRACE_ATTACH, own child)": errno.EPERM,  # succeeds unconfined: same uid, a descendant
+    "bpf(BPF_MAP_CREATE)": errno.EPERM,  # EINVAL unconfined where unprivileged BPF is on
+    "perf_event_open(NULL)": errno.EPERM,  # EFAULT unconfined
+    "userfaultfd(UFFD_USER_MODE_ONLY)": errno.EPERM,  # succeeds unconfined
+    "keyctl(GET_KEYRING_ID, session)": errno.EPERM,  # succeeds unconfined
+    "io_uring_setup(1)": errno.EPERM,  # succeeds unconfined
+    "personality(ADDR_NO_RANDOMIZE)": errno.EPERM,  # succeeds unconfined
+    "clone3(NULL, 0)": errno.ENOSYS,  # EINVAL unconfined; ENOSYS makes libc fall back to clone
+    # What must keep working.
+    "personality(0xffffffff)": 0,
+    "fork": 0,
+    "thread": 0,
+}
+SYSCALL_PROBE = """
+import ctypes, json, os, signal, threading, time
+NR = json.loads(%r)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+
+def call(name, *args):
+    ctypes.set_errno(0)
+    args = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]  # pointers: ctypes objects, kept alive
+    result = libc.syscall(ctypes.c_long(NR[name]), *args)
+    if result == 0 and name == "clone":
+        os._exit(0)  # the child of a clone that was allowed
+    if result > 0 and name == "clone":
+        os.waitpid(result, 0)
+    return 0 if result >= 0 else ctypes.get_errno()
+
+def raised(action):
+    try:
+        action()
+        return 0
+    except OSError as exc:
+        return exc.errno
+
+def attach():
+    child = os.fork()
+    if child == 0:
+        time.sleep(30)
+        os._exit(0)
+    try:
+        return call("ptrace", 16, child, 0, 0)  # PTRACE_ATTACH
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+
+def fork():
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    os.waitpid(child, 0)
+
+def isolated(probe):
+    # One child per probe: a call that got through cannot change the next one's answer.
+    child = os.fork()
+    if child == 0:
+        os._exit(probe())
+    return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+
+probes = {
+    "unshare(CLONE_NEWUSER)": lambda: call("unshare", 0x10000000),
+    "unshare(CLONE_NEWNS)": lambda: call("unshare", 0x00020000),
+    # os.unshare is Python 3.12+ (bubblewrap runs the host's Python).
+    "unshare(CLONE_NEWNET)": lambda: raised(lambda: os.unshare(os.CLONE_NEWNET)) if hasattr(os, "unshare")
+                             else call("unshare", 0x40000000),
+    "clone(CLONE_NEWUSER|CLONE_NEWNET)": lambda: call("clone", 0x10000000 | 0x40000000 | signal.SIGCHLD, 0, 0, 0, 0),
+    "setns(uts)": lambda: call("setns", os.open("/proc/self/ns/uts", os.O_RDONLY), 0),
+    "mount(tmpfs)": lambda: call("mount", ctypes.c_char_p(b"none"), ctypes.c_char_p(b"/tmp"),
+                                 ctypes.c_char_p(b"tmpfs"), 0, 0),
+    "umount2(/tmp)": lambda: call("umount2", ctypes.c_char_p(b"/tmp"), 0),
+    "ptrace(PTRACE_ATTACH, own child)": lambda: attach(),
+    "bpf(BPF_MAP_CREATE)": lambda: call("bpf", 0, 0, 0),
+    "perf_event_open(NULL)": lambda: call("perf_event_open", 0, 0, -1, -1, 0),
+    "userfaultfd(UFFD_USER_MODE_ONLY)": lambda: call("userfaultfd", 1),
+    "keyctl(GET_KEYRING_ID, session)": lambda: call("keyctl", 0, -3, 1),
+    "io_uring_setup(1)": lambda: call("io_uring_setup", 1, ctypes.create_string_buffer(120)),
+    "personality(ADDR_NO_RANDOMIZE)": lambda: call("personality", 0x0040000),
+    "clone3(NULL, 0)": lambda: call("clone3", 0, 0),
+    "personality(0xffffffff)": lambda: call("personality", 0xFFFFFFFF),
+    "fork": lambda: raised(fork),
+    "thread": lambda: raised(lambda: (lambda t: (t.start(), t.join()))(threading.Thread(target=int))),
+}
+answers = {name: isolated(probe) for name, probe in probes.items()}
+print(json.dumps(answers))
+"""
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64"), reason="the policy covers x86_64 and aarch64")
+async def test_seccomp_every_engine_answers_the_same_to_each_denied_syscall(executor: Executor) -> None:
+    table = SYSCALLS[AUDIT_ARCH_X86_64 if platform.machine() == "x86_64" else AUDIT_ARCH_AARCH64]
+    result = await run(executor, SYSCALL_PROBE % json.dumps(table), timeout=60)
+    assert result.exit_code == 0, result.stderr
+    answers = json.loads(result.stdout)
+    wrong = {name: errno.errorcode.get(got, got) for name, got in answers.items() if got != SYSCALL_ANSWERS[name]}
+    assert not wrong, f"answers differing from the policy: {wrong}"
+    assert set(answers) == set(SYSCALL_ANSWERS)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the i386 ABI exists on x86_64 kernels only")
+async def test_seccomp_another_abi_cannot_dodge_the_policy(executor: Executor) -> None:
+    """A 64-bit process making an i386 syscall (`int 0x80`) is killed: the policy knows only the native ABI."""
+    code = """
+        import ctypes, mmap
+        buf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        buf.write(bytes([0xB8, 0x14, 0, 0, 0, 0xCD, 0x80, 0xC3]))  # mov eax, 20 (i386 getpid); int 0x80; ret
+        print("i386 getpid:", ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))())
+    """
+    result = await run(executor, code)
+    assert result.stdout == "" and result.exit_code == 128 + 31, (result.exit_code, result.stdout)  # SIGSYS
 
 
 async def test_open_files_and_core_dumps_are_limited(executor: Executor) -> None:

@@ -103,7 +103,7 @@ async def test_the_pod_is_hardened_limited_and_labelled(backend: Threaded, core:
     assert container["command"] == SLEEPER and container["workingDir"] == "/workspace"
     assert container["securityContext"] == {
         "allowPrivilegeEscalation": False,
-        "seccompProfile": {"type": "RuntimeDefault"},
+        "seccompProfile": {"type": "Localhost", "localhostProfile": "llm-sandbox-mcp.json"},
         "runAsNonRoot": True,
         "runAsUser": 65534,
         "runAsGroup": 65534,
@@ -150,6 +150,16 @@ async def test_sandbox_settings_map_to_the_pod_spec(core: Any, namespace: str) -
     assert context["seccompProfile"] == {"type": "Unconfined"}
     assert resources["cpu"] == "500m" and resources["memory"] == str(256 * 1024**2)
     assert NETWORK_LABEL not in pod["metadata"]["labels"]
+
+
+async def test_a_seccomp_profile_missing_from_the_node_stops_the_pod_with_the_reason(namespace: str) -> None:
+    missing = settings(namespace, sandbox_k8s_seccomp_profile="localhost/not-installed.json")
+    backend = load_backend("kubernetes", missing)
+    try:
+        with pytest.raises(SandboxFailure, match=r"cannot start its container .*not-installed\.json"):
+            await backend.create(SandboxSpec(IMAGE, missing.limits()))
+    finally:
+        await backend.aclose()
 
 
 async def test_runtime_class_node_selector_and_template_merge_under_our_security_fields(

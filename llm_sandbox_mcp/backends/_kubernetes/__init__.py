@@ -310,7 +310,13 @@ def from_settings(settings: Settings) -> Threaded:
         template = load_template(settings.sandbox_k8s_pod_template) if settings.sandbox_k8s_pod_template else None
     except ValueError as exc:
         raise BackendUnavailable(str(exc)) from exc
-    options = PodOptions(settings.sandbox_k8s_runtime_class, dict(settings.sandbox_k8s_node_selector), template)
+    profile = settings.sandbox_k8s_seccomp_profile
+    options = PodOptions(
+        settings.sandbox_k8s_runtime_class,
+        dict(settings.sandbox_k8s_node_selector),
+        template,
+        profile.removeprefix("localhost/") if profile else None,
+    )
     claim = CacheClaim(
         settings.sandbox_k8s_cache_size,
         settings.sandbox_k8s_cache_storage_class,

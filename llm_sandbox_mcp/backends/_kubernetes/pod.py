@@ -19,6 +19,7 @@ from llm_sandbox_mcp.backends import _owner
 from llm_sandbox_mcp.backends._container import CACHE_PREFIX, SLEEPER
 from llm_sandbox_mcp.errors import ImageMissing, SandboxFailure
 from llm_sandbox_mcp.models import WORKDIR, Limits, SandboxSpec
+from llm_sandbox_mcp.seccomp import ours_applies
 
 Json = dict[str, Any]
 
@@ -45,6 +46,8 @@ class PodOptions:
     runtime_class: str | None = None
     node_selector: Mapping[str, str] = field(default_factory=dict[str, str])
     template: Json | None = None
+    # The project's seccomp profile installed on the nodes: a path under the kubelet's seccomp directory.
+    seccomp_profile: str | None = None
 
 
 def security_context(options: Sequence[str]) -> Json:
@@ -71,8 +74,10 @@ def _capability(name: str) -> str:
     return name.upper().removeprefix("CAP_")
 
 
-def _container_security(limits: Limits) -> Json:
+def _container_security(limits: Limits, seccomp_profile: str | None) -> Json:
     context = security_context(limits.security_opt)
+    if seccomp_profile is not None and ours_applies(limits.security_opt, limits.privileged):
+        context["seccompProfile"] = {"type": "Localhost", "localhostProfile": seccomp_profile}
     context.update(
         runAsNonRoot=True,
         runAsUser=limits.uid,
@@ -153,7 +158,7 @@ def pod_manifest(
                 "command": list(SLEEPER),
                 "workingDir": str(WORKDIR),
                 "env": [{"name": "HOME", "value": "/tmp"}],
-                "securityContext": _container_security(limits),
+                "securityContext": _container_security(limits, options.seccomp_profile),
                 "resources": resources(limits),
                 "volumeMounts": mounts,
             }

@@ -14,7 +14,9 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Sequence
@@ -33,11 +35,19 @@ from llm_sandbox_mcp.backends._threaded import Threaded
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, HeadTail, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.seccomp import PROFILE_JSON
 
 logger = logging.getLogger(__name__)
 
 _KILL_SECONDS = 10.0
 _JSON = {"Content-Type": "application/json"}
+_PROFILE_NAME = "llm-sandbox-mcp-seccomp.json"
+_PROFILE_HINT = (
+    "the Podman service reads seccomp profiles from its own filesystem and cannot see the one this server wrote "
+    "(a remote or containerised service?). Install it on the Podman host (`llm-sandbox-mcp seccomp-profile > "
+    "/etc/containers/llm-sandbox-mcp.json`) and set SANDBOX_SECURITY_OPT=no-new-privileges:true,"
+    "seccomp=/etc/containers/llm-sandbox-mcp.json"
+)
 
 
 def drained(argv: list[str]) -> list[str]:
@@ -64,6 +74,17 @@ class PodmanEngine:
         self._socket: Candidate | None = None
         self._connect_lock = threading.Lock()
         self._images: set[str] = set()
+        self._profile_dir: str | None = None
+
+    def _seccomp_profile(self) -> str:
+        """The project's seccomp profile as a file only this server can write (libpod takes a path on its host)."""
+        with self._connect_lock:
+            if self._profile_dir is None:
+                directory = tempfile.mkdtemp(prefix="llm-sandbox-mcp-")
+                with open(os.path.join(directory, _PROFILE_NAME), "x", encoding="utf-8") as profile:
+                    profile.write(PROFILE_JSON)
+                self._profile_dir = directory
+            return os.path.join(self._profile_dir, _PROFILE_NAME)
 
     def _podman(self) -> PodmanClient:
         with self._connect_lock:
@@ -74,10 +95,10 @@ class PodmanEngine:
     def create(self, spec: SandboxSpec, track: Callable[[str], None]) -> str:
         api = self._podman().api
         try:
-            body = container_spec(spec, _owner.owner_labels())
+            body = container_spec(spec, _owner.owner_labels(), self._seccomp_profile())
         except ValueError as exc:
             raise SandboxFailure(str(exc)) from exc
-        with _failing(f"create a sandbox from {spec.image!r}"):
+        with _failing(f"create a sandbox from {spec.image!r}", seccomp_hint=True):
             self._ensure_image(spec.image)
             if spec.cache is not None and spec.cache.writable:
                 self._prepare_cache(spec)
@@ -287,15 +308,20 @@ class PodmanEngine:
         if self._client is not None:
             self._client.close()
             self._client = None
+        if self._profile_dir is not None:
+            shutil.rmtree(self._profile_dir, ignore_errors=True)
+            self._profile_dir = None
 
 
 @contextlib.contextmanager
-def _failing(what: str) -> Generator[None, None, None]:
+def _failing(what: str, seccomp_hint: bool = False) -> Generator[None, None, None]:
     """Engine errors, the service going away included, as SandboxFailure."""
     try:
         yield
     except APIError as exc:
-        raise SandboxFailure(f"Podman could not {what}: {detail(exc)}") from exc
+        message = detail(exc)
+        hint = f"; {_PROFILE_HINT}" if seccomp_hint and "seccomp profile" in message else ""
+        raise SandboxFailure(f"Podman could not {what}: {message}{hint}") from exc
 
 
 def _user(ref: SandboxRef) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 
 from llm_sandbox_mcp.backends._container import CACHE_PREFIX, SLEEPER, rlimits
 from llm_sandbox_mcp.models import WORKDIR, SandboxSpec
+from llm_sandbox_mcp.seccomp import ours_applies
 
 _CPU_PERIOD = 100_000
 _MAX_HEAD = 64 * 1024
@@ -61,8 +62,12 @@ def network_fields(mode: str) -> dict[str, Any]:
     return {"netns": {"nsmode": "bridge"}, "networks": {mode: {}}}
 
 
-def container_spec(spec: SandboxSpec, labels: Mapping[str, str]) -> dict[str, Any]:
-    """The SpecGenerator of a hardened, idle sandbox: the same limits and hardening as the Docker backend."""
+def container_spec(spec: SandboxSpec, labels: Mapping[str, str], seccomp_path: str | None = None) -> dict[str, Any]:
+    """The SpecGenerator of a hardened, idle sandbox: the same limits and hardening as the Docker backend.
+
+    `seccomp_path`: the project's seccomp profile as a file on the Podman host (libpod takes a path, not the
+    content); given unless SANDBOX_SECURITY_OPT names a profile or the sandbox is privileged.
+    """
     limits = spec.limits
     body: dict[str, Any] = {
         "image": spec.image,
@@ -95,6 +100,8 @@ def container_spec(spec: SandboxSpec, labels: Mapping[str, str]) -> dict[str, An
         **network_fields(limits.network_mode),
         **security_fields(limits.security_opt),
     }
+    if seccomp_path is not None and ours_applies(limits.security_opt, limits.privileged):
+        body["seccomp_profile_path"] = seccomp_path
     if spec.cache is not None:
         options = ["nosuid", "nodev"] + ([] if spec.cache.writable else ["ro"])
         body["volumes"] = [{"Name": CACHE_PREFIX + spec.cache.key, "Dest": str(spec.cache.target), "Options": options}]

@@ -22,7 +22,8 @@ What it implements:
   runAsNonRoot check.
 - The pod spec where Docker can express it: one container's image, command/args, env, workingDir,
   pod and container securityContext (user/group, supplementalGroups/fsGroup, runAsNonRoot, read-only
-  root, capabilities, no-new-privileges, privileged, seccomp), CPU/memory limits, emptyDir (tmpfs sized
+  root, capabilities, no-new-privileges, privileged, seccomp: `Localhost` profiles are read from the
+  `seccomp_root` directory, as a kubelet reads its own), CPU/memory limits, emptyDir (tmpfs sized
   by sizeLimit) and PVC volumes, runtimeClassName (only the configured classes start).
 - core/v1 persistentvolumeclaims (create, get, list, delete) backed by Docker named volumes (Bound at
   once, protected from deletion while a pod uses them); networking.k8s.io/v1 networkpolicies (create,
@@ -44,7 +45,7 @@ What it deliberately does not serve, and how it answers:
   and `matchExpressions`, and graceful deletion (a grace period other than 0).
 - 400 BadRequest: other selector forms and field labels; exec with `tty` or over older protocols.
 - `CreateContainerConfigError` (the pod stays Pending): `$(VAR)` references (not expanded),
-  `valueFrom`/`envFrom`, Localhost seccomp profiles, `subPath` mounts.
+  `valueFrom`/`envFrom`, Localhost seccomp profiles missing from the node, `subPath` mounts.
 
 Not modelled: scheduling and nodes (one pretend node; pods bind at once), pod networking (no pod IPs,
 services or DNS), admission (no ServiceAccount token volume, no Pod Security, no quota, runtime classes

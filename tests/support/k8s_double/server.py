@@ -38,6 +38,7 @@ class KubeApiDouble:
         namespace: the default namespace of the kubeconfig context.
         token: the bearer token clients must send; random by default.
         runtime_classes: `runtimeClassName`s that start; any other leaves the pod Pending.
+        seccomp_root: the node's seccomp directory, where `Localhost` profiles are read (none: they fail).
         pod_pids_limit: kubelet `--pod-max-pids`, applied as the container's pids limit.
     """
 
@@ -48,6 +49,7 @@ class KubeApiDouble:
         namespace: str = "default",
         token: str | None = None,
         runtime_classes: Iterable[str] = (),
+        seccomp_root: Path | None = None,
         pod_pids_limit: int | None = None,
     ) -> None:
         if not is_dns1123_label(namespace):
@@ -58,7 +60,7 @@ class KubeApiDouble:
         self._own_client = docker_client is None
         self._client = docker_client
         self._runtime_classes = tuple(runtime_classes)
-        self._options = RuntimeOptions(pids_limit=pod_pids_limit)
+        self._options = RuntimeOptions(seccomp_root=seccomp_root, pids_limit=pod_pids_limit)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None

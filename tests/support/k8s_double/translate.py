@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from docker.types import Mount
@@ -36,6 +37,7 @@ class VolumeBacking:
 class RuntimeOptions:
     """Node-level kubelet settings the translation depends on."""
 
+    seccomp_root: Path | None = None  # the node's seccomp directory (<kubelet root>/seccomp) for Localhost profiles
     pids_limit: int | None = None  # kubelet --pod-max-pids
 
 
@@ -128,14 +130,33 @@ def _user(context: JsonObj, image_user: str) -> str | None:
     return f"{user}:{gid}" if gid is not None else user
 
 
-def _seccomp(context: JsonObj) -> list[str]:
+def _seccomp(context: JsonObj, options: RuntimeOptions) -> list[str]:
     """The kubelet's default (no `--seccomp-default`): an unset profile is Unconfined, not the runtime's."""
     if context.get("privileged"):
         return []
-    profile_type = as_obj(context.get("seccompProfile")).get("type")
+    profile = as_obj(context.get("seccompProfile"))
+    profile_type = profile.get("type")
     if profile_type == "Localhost":
-        raise ContainerConfigError("Localhost seccomp profiles are not supported by the k8s test double")
+        return [f"seccomp={_localhost_profile(str(profile.get('localhostProfile') or ''), options)}"]
     return [] if profile_type == "RuntimeDefault" else ["seccomp=unconfined"]
+
+
+def _localhost_profile(relative: str, options: RuntimeOptions) -> str:
+    """The profile a node would load: `localhostProfile` under its seccomp directory, read as the runtime does.
+
+    Raises:
+        ContainerConfigError: no seccomp directory on this node, a path leaving it, or no such file.
+    """
+    if options.seccomp_root is None:
+        raise ContainerConfigError("Localhost seccomp profiles need a node seccomp directory (seccomp_root)")
+    path = PurePosixPath(relative)
+    if path.is_absolute() or ".." in path.parts or not path.parts:
+        raise ContainerConfigError(f"invalid localhostProfile {relative!r}: must be a path under the seccomp root")
+    file = options.seccomp_root / path
+    try:
+        return file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ContainerConfigError(f'cannot load seccomp profile "{file}": {exc.strerror}') from exc
 
 
 def _resources(container: JsonObj, options: RuntimeOptions) -> dict[str, Any]:
@@ -206,7 +227,7 @@ def plan_container(
     if pod_context.get("fsGroup") is not None:
         groups.append(str(pod_context["fsGroup"]))
     capabilities = as_obj(context.get("capabilities"))
-    security_opt = _seccomp(context)
+    security_opt = _seccomp(context, options)
     if context.get("allowPrivilegeEscalation") is False:
         security_opt.append("no-new-privileges:true")
     kwargs: dict[str, Any] = {

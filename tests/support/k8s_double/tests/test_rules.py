@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -127,6 +128,20 @@ def test_variable_references_are_refused_not_expanded(field: str) -> None:
 
     with pytest.raises(ContainerConfigError, match=r"\$\(VAR\) references are not expanded"):
         _plan(pod)
+
+
+def test_a_localhost_seccomp_profile_is_read_from_the_nodes_seccomp_directory(tmp_path: Path) -> None:
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "p.json").write_text('{"defaultAction": "SCMP_ACT_ALLOW"}')
+    localhost = {"type": "Localhost", "localhostProfile": "profiles/p.json"}
+    kwargs = _plan(_pod(seccompProfile=localhost), seccomp_root=tmp_path)
+    assert kwargs["security_opt"] == ['seccomp={"defaultAction": "SCMP_ACT_ALLOW"}']
+    with pytest.raises(ContainerConfigError, match="cannot load seccomp profile"):
+        _plan(_pod(seccompProfile={**localhost, "localhostProfile": "missing.json"}), seccomp_root=tmp_path)
+    with pytest.raises(ContainerConfigError, match="under the seccomp root"):
+        _plan(_pod(seccompProfile={**localhost, "localhostProfile": "../p.json"}), seccomp_root=tmp_path)
+    with pytest.raises(ContainerConfigError, match="seccomp directory"):
+        _plan(_pod(seccompProfile=localhost))
 
 
 def test_resources_and_user_translate_to_docker_arguments() -> None:
