@@ -8,10 +8,8 @@ from importlib.resources import files
 from mcp_types import Icon, ToolAnnotations
 
 TITLE = "LLM Sandbox"
-# Kept equal to pyproject's description (tests/unit/test_metadata.py checks it).
-DESCRIPTION = (
-    "MCP server that runs the code an AI agent writes in a hardened sandbox: Docker, Podman, Kubernetes or bubblewrap."
-)
+# Kept equal to pyproject's description, at most 100 characters for the MCP registry (tests check both).
+DESCRIPTION = "Run the code an AI agent writes in a hardened sandbox: Docker, Podman, Kubernetes or bubblewrap."
 
 
 def icons() -> list[Icon]:
