@@ -13,10 +13,16 @@ DESCRIPTION = "Run the code an AI agent writes in a hardened sandbox: Docker, Po
 
 
 def icons() -> list[Icon]:
-    """The server's icon, shipped in the package and sent inline as a data: URI (no network needed)."""
-    svg = files("llm_sandbox_mcp").joinpath("icon.svg").read_bytes()
-    source = "data:image/svg+xml;base64," + base64.b64encode(svg).decode("ascii")
-    return [Icon(src=source, mime_type="image/svg+xml", sizes=["any"])]
+    """The server's icon, shipped in the package and sent inline as data: URIs (no network needed): SVG for
+    clients that scale it, and a 256x256 PNG (made from the SVG with `rsvg-convert -w 256`) for those that
+    only render bitmaps, the format every client must support."""
+    return [_inline("icon.svg", "image/svg+xml", "any"), _inline("icon.png", "image/png", "256x256")]
+
+
+def _inline(name: str, mime_type: str, size: str) -> Icon:
+    data = files("llm_sandbox_mcp").joinpath(name).read_bytes()
+    source = f"data:{mime_type};base64," + base64.b64encode(data).decode("ascii")
+    return Icon(src=source, mime_type=mime_type, sizes=[size])
 
 
 def hints(title: str, *, read_only: bool, destructive: bool, idempotent: bool, open_world: bool) -> ToolAnnotations:

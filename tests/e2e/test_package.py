@@ -49,7 +49,7 @@ def test_the_wheel_carries_the_code_the_icon_and_the_packages_metadata(dist: Pat
         info = f"llm_sandbox_mcp-{__version__}.dist-info"
         metadata = Parser().parsestr(wheel.read(f"{info}/METADATA").decode())
         entry_points = wheel.read(f"{info}/entry_points.txt").decode()
-    shipped = {"icon.svg", "install.py", "runners/python_kernel.py", "runners/javascript_runner.js"}
+    shipped = {"icon.svg", "icon.png", "install.py", "runners/python_kernel.py", "runners/javascript_runner.js"}
     assert {f"llm_sandbox_mcp/{name}" for name in shipped} <= names
     project = tomlkit.parse((ROOT / "pyproject.toml").read_text()).unwrap()["project"]
     assert metadata["Version"] == __version__ and metadata["Summary"] == project["description"]

@@ -60,12 +60,14 @@ async def test_the_server_introduces_itself_with_title_description_icon_and_shor
     assert info.name == "llm-sandbox" and info.version == __version__ and info.title
     assert info.description == DESCRIPTION
     assert instructions and len(instructions.encode()) < LIMIT
-    assert info.icons and len(info.icons) == 1
-    icon = info.icons[0]
-    assert icon.mime_type == "image/svg+xml" and icon.sizes == ["any"]
-    prefix = "data:image/svg+xml;base64,"
-    assert icon.src.startswith(prefix)
-    assert base64.b64decode(icon.src[len(prefix) :]) == files("llm_sandbox_mcp").joinpath("icon.svg").read_bytes()
+    assert info.icons is not None
+    shapes = [(icon.mime_type, icon.sizes) for icon in info.icons]
+    assert shapes == [("image/svg+xml", ["any"]), ("image/png", ["256x256"])]
+    for icon, name in zip(info.icons, ("icon.svg", "icon.png"), strict=True):
+        prefix = f"data:{icon.mime_type};base64,"
+        assert icon.src.startswith(prefix)
+        assert base64.b64decode(icon.src[len(prefix) :]) == files("llm_sandbox_mcp").joinpath(name).read_bytes()
+    assert files("llm_sandbox_mcp").joinpath("icon.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
 def test_the_description_is_the_packages() -> None:
