@@ -57,10 +57,12 @@ def _client_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
         sub.add_argument("--scope", choices=get_args(install.Scope), help="where the entry goes (see above)")
         sub.add_argument("--name", default=install.SERVER_NAME, help="server name in the client (default: %(default)s)")
         sub.add_argument("--project", help="project directory for project and local scopes (default: current)")
-        sub.add_argument("--dry-run", action="store_true", help="print the entry and the file; change nothing")
+        sub.add_argument("--dry-run", action="store_true", help="print the entry and its file; change nothing")
         if command == "uninstall":
             continue
-        sub.add_argument("--env", action="append", default=[], metavar="K=V", help="set a variable for the server")
+        sub.add_argument(
+            "--env", action="append", default=[], metavar="K=V", help="set a variable for the server (K= leaves K out)"
+        )
         sub.add_argument("--backend", choices=get_args(BackendChoice), help="set BACKEND for the server")
         sub.add_argument("--force", action="store_true", help="replace a different entry of the same name")
         sub.add_argument(
