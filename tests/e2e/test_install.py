@@ -7,6 +7,8 @@ console script under test, and each client then starts it and checks the connect
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -19,6 +21,7 @@ from tests.e2e.test_stdio import SCRIPT
 
 pytestmark = [pytest.mark.e2e]
 
+ROOT = Path(__file__).resolve().parents[2]
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 QUIET = ["--env", "SANDBOX_LOG_LEVEL=WARNING"]
 
@@ -42,6 +45,29 @@ def test_claude_code_connects_to_the_installed_entry_and_forgets_it_after_uninst
     assert removed.returncode == 0, removed.stderr
     gone = _run([claude, "mcp", "get", "llm-sandbox"], tmp_path)
     assert gone.returncode != 0 and "No MCP server" in gone.stderr, gone.stdout + gone.stderr
+
+
+def test_claude_code_starts_the_default_uvx_entry_with_a_minimal_path(tmp_path: Path) -> None:
+    """The entry users get: `uvx llm-sandbox-mcp` by uvx's full path, with the CA bundle uvx needs.
+
+    The package comes from a wheel built here (UV_FIND_LINKS), its dependencies from the package index.
+    """
+    claude = str(_npm_client("@anthropic-ai/claude-code", "claude"))
+    uv, uvx = shutil.which("uv"), shutil.which("uvx")
+    assert uv is not None and uvx is not None, "uv is needed for the uvx entry"
+    wheels = tmp_path / "wheels"
+    subprocess.run([uv, "build", "--wheel", "-q", "--out-dir", str(wheels)], cwd=ROOT, check=True, timeout=300)
+    cache = subprocess.run([uv, "cache", "dir"], capture_output=True, text=True, check=True).stdout.strip()
+    shell = {"PATH": f"{Path(uvx).parent}:/usr/bin:/bin"}
+    if os.environ.get("SSL_CERT_FILE"):
+        shell["SSL_CERT_FILE"] = os.environ["SSL_CERT_FILE"]
+    extra = ["--env", f"UV_FIND_LINKS={wheels}", "--env", f"UV_CACHE_DIR={cache}"]
+    installed = _run([SCRIPT, "install", "--client", "claude-code", *QUIET, *extra], tmp_path, **shell)
+    assert installed.returncode == 0, installed.stderr
+    entry = json.loads((tmp_path / ".claude.json").read_text())["projects"][str(tmp_path.resolve())]["mcpServers"]
+    assert entry["llm-sandbox"]["command"] == uvx and entry["llm-sandbox"]["args"] == ["llm-sandbox-mcp"]
+    got = _run([claude, "mcp", "get", "llm-sandbox"], tmp_path, MCP_TIMEOUT="120000")  # PATH without uvx
+    assert "Connected" in got.stdout and "Failed" not in got.stdout, got.stdout + got.stderr
 
 
 def test_gemini_connects_and_the_variables_it_would_redact_reach_the_server(tmp_path: Path) -> None:
