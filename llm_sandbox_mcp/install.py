@@ -51,7 +51,8 @@ PASSED_VARIABLES = (
     "http_proxy",
     "no_proxy",
 )
-# Gemini CLI removes variables whose name contains one of these, even ones its own `env` block sets.
+# Gemini CLI removes inherited variables whose name contains one of these (0.61 keeps them in an entry's own
+# `env` block, some earlier versions did not): such values go on the command line of `env` instead.
 GEMINI_REDACTED = ("KEY", "TOKEN", "SECRET", "PASSWORD", "AUTH", "CREDENTIAL", "PRIVATE", "CERT")
 STARTUP_TIMEOUT_S = 120  # the first `uvx` run downloads the package and its dependencies
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
