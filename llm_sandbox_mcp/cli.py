@@ -1,4 +1,5 @@
-"""Command line: `llm-sandbox-mcp` serves MCP over stdio; `doctor` checks the engines; `run` runs a file once."""
+"""Command line: `llm-sandbox-mcp` serves MCP over stdio; `doctor` checks the engines; `run` runs a file once;
+`install` / `uninstall` put the server into an MCP client's configuration or take it out."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import get_args
 
 import anyio
 
-from llm_sandbox_mcp import __version__, seccomp
+from llm_sandbox_mcp import __version__, install, seccomp
 from llm_sandbox_mcp.backends import BACKENDS, load_backend, select_backend
-from llm_sandbox_mcp.config import Settings, load_settings
+from llm_sandbox_mcp.config import BackendChoice, Settings, load_settings
 from llm_sandbox_mcp.errors import ConfigError, SandboxError
 from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import LANGUAGES
@@ -41,11 +43,44 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--library", action="append", default=[], dest="libraries", help="install first (repeatable)")
     run.add_argument("--timeout", type=float, default=None)
     run.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    _client_parsers(commands.add_parser)
     return parser
+
+
+def _client_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
+    clients = sorted(install.CLIENTS)
+    scopes = ", ".join(f"{name}: {'|'.join(client.scopes)}" for name, client in sorted(install.CLIENTS.items()))
+    for command, what in (("install", "add this server to"), ("uninstall", "remove this server from")):
+        sub = add_parser(
+            command,
+            help=f"{what} an MCP client's configuration",
+            description=f"{what.capitalize()} an MCP client's own configuration file. Scopes (first is the "
+            f"default): {scopes}.",
+        )
+        sub.add_argument("--client", required=True, choices=clients)
+        sub.add_argument("--scope", choices=get_args(install.Scope), help="where the entry goes (see above)")
+        sub.add_argument("--name", default=install.SERVER_NAME, help="server name in the client (default: %(default)s)")
+        sub.add_argument("--project", help="project directory for project and local scopes (default: current)")
+        sub.add_argument("--dry-run", action="store_true", help="print the entry and its file; change nothing")
+        if command == "uninstall":
+            continue
+        sub.add_argument(
+            "--env", action="append", default=[], metavar="K=V", help="set a variable for the server (K= leaves K out)"
+        )
+        sub.add_argument("--backend", choices=get_args(BackendChoice), help="set BACKEND for the server")
+        sub.add_argument("--force", action="store_true", help="replace a different entry of the same name")
+        sub.add_argument(
+            "--command",
+            dest="command_path",
+            metavar="PATH",
+            help="run this installed console script instead of `uvx llm-sandbox-mcp`",
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("install", "uninstall"):
+        return install.main(args)
     try:
         settings = load_settings()
     except ConfigError as exc:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import anyio
 from mcp.server import MCPServer
-from mcp_types import CallToolResult, ToolAnnotations
+from mcp_types import CallToolResult
 from pydantic import Field
 
 from llm_sandbox_mcp import __version__
@@ -17,6 +17,7 @@ from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxError
 from llm_sandbox_mcp.executor import MAX_CODE_BYTES, Executor
 from llm_sandbox_mcp.languages import LANGUAGES, get_language
+from llm_sandbox_mcp.metadata import DESCRIPTION, TITLE, hints, icons
 from llm_sandbox_mcp.results import ExecutionResult, LanguageDetails, LanguagesResult, execution_result, tool_errors
 from llm_sandbox_mcp.session_tools import register_session_tools
 from llm_sandbox_mcp.sessions import SessionRegistry
@@ -67,6 +68,9 @@ def build_server(
 
     server: MCPServer[AppState] = MCPServer(
         "llm-sandbox",
+        title=TITLE,
+        description=DESCRIPTION,
+        icons=icons(),
         version=__version__,
         instructions=(
             "Run code in an isolated sandbox with no network access. Each execute_code call starts from a clean "
@@ -87,7 +91,10 @@ def build_server(
             f"as images. A non-zero exit_code is a normal result: read stderr. Default timeout "
             f"{settings.sandbox_timeout:g} s, maximum {settings.sandbox_max_timeout:g} s."
         ),
-        annotations=ToolAnnotations(title="Execute code", read_only_hint=False, open_world_hint=False),
+        title="Execute code",
+        # Destructive: in a session the code may overwrite or delete earlier files. Open world: `libraries` are
+        # downloaded from package registries (the code itself has no network unless the operator grants it).
+        annotations=hints("Execute code", read_only=False, destructive=True, idempotent=False, open_world=True),
     )
     async def execute_code(
         code: Annotated[str, Field(description="Complete program source", max_length=MAX_CODE_BYTES)],
@@ -115,7 +122,8 @@ def build_server(
 
     @server.tool(
         description="List the languages this server can run, with the image each one uses.",
-        annotations=ToolAnnotations(title="Supported languages", read_only_hint=True, open_world_hint=False),
+        title="Supported languages",
+        annotations=hints("Supported languages", read_only=True, destructive=False, idempotent=True, open_world=False),
     )
     async def get_supported_languages() -> LanguagesResult:
         with tool_errors():
@@ -126,7 +134,8 @@ def build_server(
             "Details for one language: runtime version in the sandbox image, how libraries are named, "
             "whether plots are captured, and examples that run."
         ),
-        annotations=ToolAnnotations(title="Language details", read_only_hint=True, open_world_hint=False),
+        title="Language details",
+        annotations=hints("Language details", read_only=True, destructive=False, idempotent=True, open_world=False),
     )
     async def get_language_details(
         language: Annotated[str, Field(description=f"One of: {languages}")],

@@ -7,10 +7,11 @@ Each tool body is one call to AppState inside the error boundary.
 from typing import Annotated, Any
 
 from mcp.server import MCPServer
-from mcp_types import CallToolResult, ToolAnnotations
+from mcp_types import CallToolResult
 from pydantic import Field
 
 from llm_sandbox_mcp.languages import LANGUAGES
+from llm_sandbox_mcp.metadata import hints
 from llm_sandbox_mcp.results import (
     Closed,
     Download,
@@ -36,7 +37,9 @@ def register_session_tools(server: MCPServer[Any], state: AppState) -> None:
             "variables, imports and figures like a notebook; other languages keep files. Libraries are installed "
             "now (sessions have no network later). Sessions expire when idle; close them when done."
         ),
-        annotations=ToolAnnotations(title="Create session", read_only_hint=False, open_world_hint=False),
+        title="Create session",
+        # Open world: `libraries` are downloaded from package registries.
+        annotations=hints("Create session", read_only=False, destructive=False, idempotent=False, open_world=True),
     )
     async def create_session(
         language: Annotated[str, Field(description=f"One of: {languages}")] = "python",
@@ -57,7 +60,8 @@ def register_session_tools(server: MCPServer[Any], state: AppState) -> None:
 
     @server.tool(
         description="Close a session and destroy its sandbox. Its variables and files are gone afterwards.",
-        annotations=ToolAnnotations(title="Close session", destructive_hint=True, open_world_hint=False),
+        title="Close session",
+        annotations=hints("Close session", read_only=False, destructive=True, idempotent=True, open_world=False),
     )
     async def close_session(session_id: SessionId) -> Closed:
         with tool_errors():
@@ -65,7 +69,8 @@ def register_session_tools(server: MCPServer[Any], state: AppState) -> None:
 
     @server.tool(
         description="List open sessions with language, age, idle time, calls, limits and current resource use.",
-        annotations=ToolAnnotations(title="List sessions", read_only_hint=True, open_world_hint=False),
+        title="List sessions",
+        annotations=hints("List sessions", read_only=True, destructive=False, idempotent=True, open_world=False),
     )
     async def list_sessions() -> SessionList:
         with tool_errors():
@@ -76,7 +81,9 @@ def register_session_tools(server: MCPServer[Any], state: AppState) -> None:
             "Put a file into a session's workspace: give `content` (text) or `content_base64` (binary), or "
             "`host_path` to copy a host file (only below directories the operator allows)."
         ),
-        annotations=ToolAnnotations(title="Upload file", read_only_hint=False, open_world_hint=False),
+        title="Upload file",
+        # Destructive: replaces a file already at `path`.
+        annotations=hints("Upload file", read_only=False, destructive=True, idempotent=True, open_world=False),
     )
     async def upload_file(
         session_id: SessionId,
@@ -93,7 +100,9 @@ def register_session_tools(server: MCPServer[Any], state: AppState) -> None:
             "Get a file from a session's workspace: text comes back as text, images also as images, other "
             "binary as base64. With `host_path` it is written to the host instead (only below allowed directories)."
         ),
-        annotations=ToolAnnotations(title="Download file", read_only_hint=False, open_world_hint=False),
+        title="Download file",
+        # Not read-only and destructive: with `host_path` it writes, and may replace, a file on the host.
+        annotations=hints("Download file", read_only=False, destructive=True, idempotent=True, open_world=False),
     )
     async def download_file(
         session_id: SessionId,
@@ -105,7 +114,8 @@ def register_session_tools(server: MCPServer[Any], state: AppState) -> None:
 
     @server.tool(
         description="List files in a session's workspace (up to four levels deep).",
-        annotations=ToolAnnotations(title="List files", read_only_hint=True, open_world_hint=False),
+        title="List files",
+        annotations=hints("List files", read_only=True, destructive=False, idempotent=True, open_world=False),
     )
     async def list_files(session_id: SessionId, path: WorkspacePath = ".") -> FileList:
         with tool_errors():
