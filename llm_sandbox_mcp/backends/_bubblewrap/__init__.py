@@ -53,6 +53,7 @@ from llm_sandbox_mcp.backends._bubblewrap.host import (
 )
 from llm_sandbox_mcp.backends._bubblewrap.pipes import PipeProcess, feed, pump
 from llm_sandbox_mcp.backends._bubblewrap.seccomp import FILTER
+from llm_sandbox_mcp.backends._container import OOM_SCORE_ADJ
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, SandboxFailure
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, HeadTail, Limits, SandboxRef, SandboxSpec
@@ -355,6 +356,8 @@ class BubblewrapBackend:
             resource.prlimit(pid, kind, (soft, hard))
         if box.cgroup is not None:
             box.cgroup.place(pid)
+        # The kernel kills sandboxes before the server when memory runs out (inherited by what the exec starts).
+        Path(f"/proc/{pid}/oom_score_adj").write_text(str(OOM_SCORE_ADJ))
 
     async def _reap(self, box: _Sandbox, process: Process) -> None:
         if process.returncode is None:  # the caller was cancelled: the exec's own processes go too
