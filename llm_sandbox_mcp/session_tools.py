@@ -11,6 +11,7 @@ from mcp_types import CallToolResult, ToolAnnotations
 from pydantic import Field
 
 from llm_sandbox_mcp.languages import LANGUAGES
+from llm_sandbox_mcp.models import MIN_CPUS
 from llm_sandbox_mcp.results import (
     Closed,
     Download,
@@ -47,7 +48,9 @@ def register_session_tools(server: MCPServer[Any], state: AppState) -> None:
         memory: Annotated[
             str | None, Field(description="Memory limit such as '1g', within the operator's maximum", max_length=16)
         ] = None,
-        cpus: Annotated[float | None, Field(description="CPU limit, within the operator's maximum", gt=0)] = None,
+        cpus: Annotated[
+            float | None, Field(description="CPU limit, within the operator's maximum", ge=MIN_CPUS)
+        ] = None,
         network: Annotated[
             bool, Field(description="Ask for network access (refused unless the operator allows it)")
         ] = False,
