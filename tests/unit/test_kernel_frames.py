@@ -10,7 +10,7 @@ import pytest
 
 from llm_sandbox_mcp.kernel import Kernel
 from llm_sandbox_mcp.models import ExecResult, Limits, SandboxRef, SandboxSpec
-from tests.fakes import FakeBackend
+from tests.support.fakes import FakeBackend
 
 pytestmark = pytest.mark.anyio
 
