@@ -102,9 +102,10 @@ def register_session_tools(server: MCPServer[Any], state: AppState) -> None:
         session_id: SessionId,
         path: WorkspacePath,
         host_path: Annotated[str | None, Field(description="Absolute host path to write to", max_length=4096)] = None,
+        overwrite: Annotated[bool, Field(description="Replace an existing file at host_path")] = False,
     ) -> Annotated[CallToolResult, Download]:
         with tool_errors():
-            return download_result(*await state.download(session_id, path, host_path))
+            return download_result(*await state.download(session_id, path, host_path, overwrite))
 
     @server.tool(
         description="List files in a session's workspace (up to four levels deep).",
