@@ -144,12 +144,21 @@ class BubblewrapBackend:
         if nsenter is None:
             raise BackendUnavailable("BACKEND=bubblewrap needs nsenter; install util-linux with your package manager")
         root = os.geteuid() == 0
+        cgroups = CgroupManager()
+        missing = cgroups.missing()
+        if missing is not None:
+            raise BackendUnavailable(
+                f"BACKEND=bubblewrap cannot bound memory, CPU and pids on this host ({missing}), and rlimits alone "
+                "bound neither shared memory nor CPU, so it will not run. Run the server as root, or in a "
+                "systemd user scope with the cgroup v2 controllers delegated (`systemd-run --user --scope -p "
+                "Delegate=yes uvx llm-sandbox-mcp`), or use Docker or Podman."
+            )
         state = state_root()
         private_dir(state / "sandboxes", 0o700)
         host = _Host(
             bwrap=find_bwrap(self._configured, state, staging=root),
             nsenter=nsenter,
-            cgroups=CgroupManager(),
+            cgroups=cgroups,
             state=state,
             root=root,
             nproc_per_userns=_kernel_at_least(5, 14),
@@ -189,6 +198,8 @@ class BubblewrapBackend:
         sandbox_id = uuid.uuid4().hex
         cache_dir = await anyio.to_thread.run_sync(self._cache_dir, host, spec) if spec.cache else None
         cgroup = await anyio.to_thread.run_sync(host.cgroups.create, f"sandbox-{sandbox_id}", limits)
+        if cgroup is None:
+            raise SandboxFailure(f"bubblewrap could not make the sandbox's cgroup: {host.cgroups.problem}")
         state_file = host.state / "sandboxes" / f"{sandbox_id}.json"
         record = {"labels": _owner.owner_labels(), "cgroups": [str(d) for d in cgroup.dirs] if cgroup else []}
         await anyio.Path(state_file).write_text(json.dumps(record))
