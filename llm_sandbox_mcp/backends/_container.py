@@ -24,8 +24,8 @@ INIT = [
 KILL_SIGNAL = "SIGUSR1"
 # Where the engine cannot signal PID 1 (Kubernetes), a process of the sandbox asks it to, and is itself
 # killed by it: exit status 137 proves the kill happened; anything else means it did not.
-KILL_REQUEST = ["sh", "-c", "kill -USR1 1 && sleep 30"]
-KILL_SECONDS = 10.0
+KILL_REQUEST = ["sh", "-c", "kill -USR1 1 && sleep 300"]
+KILL_SECONDS = 30.0
 CACHE_PREFIX = "llm-sandbox-mcp-libs-"
 NPROC = 4096
 # The kernel kills sandboxes before the server when memory runs out.
