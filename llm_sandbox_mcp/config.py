@@ -14,7 +14,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from llm_sandbox_mcp.defaults import IMAGES, SANDBOX_USER
 from llm_sandbox_mcp.errors import ConfigError
-from llm_sandbox_mcp.models import Limits
+from llm_sandbox_mcp.models import MIN_CPUS, MIN_MEMORY, Limits
 
 BackendChoice = Literal["auto", "docker", "podman", "kubernetes", "bubblewrap"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -81,7 +81,7 @@ class Settings(BaseSettings):
     sandbox_mem_limit: Size = Field(
         default=_SECURE.memory_bytes, validation_alias=AliasChoices("SANDBOX_MEM_LIMIT", "SANDBOX_MEMORY")
     )
-    sandbox_cpus: PositiveFloat | None = None
+    sandbox_cpus: Annotated[float, Field(ge=MIN_CPUS)] | None = None
     sandbox_cpu_count: PositiveInt | None = None
     sandbox_cap_drop: CommaList = Field(default_factory=lambda: list(_SECURE.cap_drop))
     sandbox_security_opt: CommaList = Field(default_factory=lambda: list(_SECURE.security_opt))
@@ -124,7 +124,7 @@ class Settings(BaseSettings):
     sandbox_session_idle_ttl: PositiveFloat = 1800.0
     sandbox_session_max_lifetime: PositiveFloat = 8 * 3600.0
     sandbox_session_max_memory: Size = 2 * 1024**3
-    sandbox_session_max_cpus: PositiveFloat = 2.0
+    sandbox_session_max_cpus: Annotated[float, Field(ge=MIN_CPUS)] = 2.0
     sandbox_session_network_mode: str | None = None
     sandbox_host_dirs: CommaList = Field(default_factory=lambda: [])
     sandbox_max_file_size: Size = 16 * 1024**2
@@ -138,6 +138,10 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
+        if min(self.sandbox_mem_limit, self.sandbox_session_max_memory) < MIN_MEMORY:
+            raise ValueError(
+                f"SANDBOX_MEM_LIMIT and SANDBOX_SESSION_MAX_MEMORY must be at least {MIN_MEMORY // 1024**2}m"
+            )
         if self.sandbox_timeout > self.sandbox_max_timeout:
             raise ValueError("SANDBOX_TIMEOUT must not exceed SANDBOX_MAX_TIMEOUT")
         if not re.fullmatch(r"\d+(:\d+)?", self.sandbox_user):

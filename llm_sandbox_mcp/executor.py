@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 import anyio
+import anyio.to_thread
 
 from llm_sandbox_mcp.artifacts import Artifact, collect
 from llm_sandbox_mcp.backends import Backend
@@ -95,7 +96,7 @@ class Executor:
         self.limits = settings.limits()
         self.libraries = LibraryCache(settings, backend, self.limits)
         self.pool: Pool[WarmKey, Lease] = Pool(self._make_lease, self._dispose_lease, settings.sandbox_pool_size)
-        self._limiter = anyio.CapacityLimiter(settings.sandbox_max_concurrency)
+        self.limiter = anyio.CapacityLimiter(settings.sandbox_max_concurrency)
 
     async def __aenter__(self) -> Executor:
         await self.pool.__aenter__()
@@ -144,7 +145,7 @@ class Executor:
     ) -> Execution:
         """Run code once in a fresh sandbox from the pool, which is destroyed afterwards."""
         program = self.program(code, language, libraries or [], timeout)
-        async with self._limiter:
+        async with self.limiter:
             spec = await self._spec(program.language, program.libraries)
             lease = await self.pool.acquire(WarmKey(program.language.name, spec))
             try:
@@ -189,6 +190,8 @@ class Executor:
                 env=sandbox_env(lang, lease.ref.spec.cache is not None),
                 output_limit=self.settings.sandbox_output_limit,
             )
+            # Nothing of the program may still run while its files are read: no process swaps them mid-read.
+            await self.backend.kill_all(lease.ref)
             outputs = await self._collect_outputs(lease.ref)
             result.artifacts = cell.changed(outputs) if cell is not None else outputs
         # A one-shot sandbox is destroyed after the run anyway: only a session can lose its interpreter.
@@ -274,4 +277,5 @@ class Executor:
             if listing.truncated:
                 logger.warning("Output directory of %s exceeds %d bytes; artifacts not returned", ref.id[:12], limit)
             return []
-        return collect(unpack(listing.stdout), inline_limit=limit)
+        files = await anyio.to_thread.run_sync(unpack, listing.stdout)
+        return collect(files, inline_limit=limit)

@@ -8,6 +8,7 @@ confined to SANDBOX_HOST_DIRS before anything is opened, and opened without foll
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,53 +123,59 @@ class Files:
             )
         return [Path(root).resolve() for root in self.settings.sandbox_host_dirs]
 
-    def _confined(self, real: Path, raw: str) -> Path:
-        roots = self._roots()
-        if not any(real == root or root in real.parents for root in roots):
+    def _confined(self, raw: str) -> Path:
+        """The host path with every existing link resolved, inside an allowed directory, or InvalidRequest.
+
+        Checked before anything is opened or tested for existence, so the answer for a path outside the
+        allowed directories never depends on whether it exists.
+        """
+        path = Path(raw)
+        if not path.is_absolute():
+            raise InvalidRequest(f"Host path {raw!r} must be absolute")
+        real = path.resolve()
+        if not any(real == root or root in real.parents for root in self._roots()):
             raise InvalidRequest(f"Host path {raw!r} is outside the directories allowed by SANDBOX_HOST_DIRS")
         return real
 
     def _read_host(self, raw: str) -> bytes:
-        path = Path(raw)
-        if not path.is_absolute():
-            raise InvalidRequest(f"Host path {raw!r} must be absolute")
+        real = self._confined(raw)
         try:
-            real = self._confined(path.resolve(strict=True), raw)
-            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW)
+            # Not following a link, and not waiting for a FIFO's writer: only a regular file is read.
+            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
-            self._roots()
             raise FileTransferError(f"No such host file: {raw}") from None
         except OSError as exc:
             raise FileTransferError(f"Cannot read host file {raw}: {exc.strerror}") from None
         with os.fdopen(fd, "rb") as handle:
-            info = os.fstat(handle.fileno())
-            if not os.path.isfile(real) or info.st_size > self.settings.sandbox_max_file_size:
-                self._check_size(info.st_size)
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
                 raise FileTransferError(f"Host path {raw} is not a regular file")
-            return handle.read(self.settings.sandbox_max_file_size + 1)
+            self._check_size(info.st_size)
+            data = handle.read(self.settings.sandbox_max_file_size + 1)
+        self._check_size(len(data))
+        return data
 
-    def _write_host(self, raw: str, data: bytes) -> str:
-        path = Path(raw)
-        if not path.is_absolute():
-            raise InvalidRequest(f"Host path {raw!r} must be absolute")
+    def _write_host(self, raw: str, data: bytes, overwrite: bool) -> str:
+        target = self._confined(raw)
+        if not target.parent.is_dir():
+            raise FileTransferError(f"The host directory of {raw} does not exist")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | (0 if overwrite else os.O_EXCL)
         try:
-            parent = self._confined(path.parent.resolve(strict=True), raw)
-        except FileNotFoundError:
-            self._roots()
-            raise FileTransferError(f"The host directory of {raw} does not exist") from None
-        target = parent / path.name
-        if target.is_symlink() or (target.exists() and not target.is_file()):
-            raise FileTransferError(f"Host path {raw} exists and is not a regular file")
-        try:
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            fd = os.open(target, flags, 0o644)
+        except FileExistsError:
+            raise FileTransferError(f"Host file {raw} exists; pass overwrite=true to replace it") from None
         except OSError as exc:
             raise FileTransferError(f"Cannot write host file {raw}: {exc.strerror}") from None
         with os.fdopen(fd, "wb") as handle:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise FileTransferError(f"Host path {raw} exists and is not a regular file")
+            os.fchmod(fd, 0o644)  # never executable, whatever the file was before
+            os.ftruncate(fd, 0)
             handle.write(data)
         return str(target)
 
     async def read_host(self, raw: str) -> bytes:
         return await anyio.to_thread.run_sync(self._read_host, raw)
 
-    async def write_host(self, raw: str, data: bytes) -> str:
-        return await anyio.to_thread.run_sync(self._write_host, raw, data)
+    async def write_host(self, raw: str, data: bytes, overwrite: bool = False) -> str:
+        return await anyio.to_thread.run_sync(self._write_host, raw, data, overwrite)

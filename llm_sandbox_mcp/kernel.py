@@ -1,16 +1,21 @@
 """The server's side of the Python kernel: a warm interpreter inside a sandbox, spoken to in frames.
 
 The frame format and the kernel itself are described in runners/python_kernel.py. The kernel's output is
-untrusted (user code can write to the protocol descriptor), so every frame is size-checked and parsed
-defensively; a malformed stream kills the kernel and is reported, never trusted.
+hostile input (user code in a session runs inside the kernel and can write to its protocol descriptor), so
+the server enforces its own limits: each kind of frame has a size cap checked before its body is read, a
+run's files have a count and an inline byte budget, and every JSON header is parsed strictly. A frame that
+breaks any of this ends the run (the interpreter is killed) with a clear result, never an allocation or an
+exception.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import struct
 import time
 from collections.abc import Mapping
+from typing import cast
 
 import anyio
 
@@ -21,8 +26,16 @@ from llm_sandbox_mcp.languages import runner_source
 from llm_sandbox_mcp.models import ExecResult, HeadTail, SandboxRef
 from llm_sandbox_mcp.transfer import safe_relative
 
+logger = logging.getLogger(__name__)
+
 _HEADER = struct.Struct(">cI")
 _MAX_ARTIFACTS = 200
+# The kernel forwards its capture pipes in reads of at most 64 KiB; hello and done frames are small JSON.
+_MAX_STREAM_FRAME = 64 * 1024
+_MAX_JSON = 4096
+# A file header carries its name (the kernel sends names of at most 1,024 characters).
+_MAX_FILE_HEADER = 16 * 1024
+_EXIT_RANGE = range(-(2**31), 2**31)
 _START_TIMEOUT = 60.0
 # After an interrupt (sessions), how long the cell gets to unwind before everything is killed.
 _INTERRUPT_GRACE = 2.0
@@ -30,6 +43,10 @@ _INTERRUPT_GRACE = 2.0
 
 class KernelDied(SandboxFailure):
     """The kernel process ended or broke the protocol."""
+
+
+class ProtocolError(KernelDied):
+    """The kernel (or code writing to its descriptor) sent something the protocol does not allow."""
 
 
 class Kernel:
@@ -42,7 +59,8 @@ class Kernel:
         self.pid = 0
         self.alive = True
         self._buffer = bytearray()
-        self._max_frame = 64 * 1024**2
+        # What the current run may still send inline as file contents (0 outside a run).
+        self._room = 0
 
     @classmethod
     async def start(cls, backend: Backend, ref: SandboxRef, env: Mapping[str, str], preload: bool) -> Kernel:
@@ -55,17 +73,29 @@ class Kernel:
             detail = process.stderr_tail().decode("utf-8", errors="replace").strip()[-2000:]
             await process.aclose()
             raise KernelDied(f"The Python interpreter in the sandbox did not start: {detail or 'no output'}")
-        kernel.pid = int(json.loads(frame[1])["pid"])
+        pid = _json_object(frame[1]).get("pid")
+        if type(pid) is not int or pid <= 0:
+            await process.aclose()
+            raise ProtocolError("The Python interpreter in the sandbox sent an invalid hello")
+        kernel.pid = pid
         return kernel
+
+    def _frame_limit(self, kind: bytes) -> int:
+        if kind in (b"O", b"E"):
+            return _MAX_STREAM_FRAME
+        if kind == b"F":
+            return _MAX_FILE_HEADER + 1 + self._room
+        if kind in (b"H", b"D"):
+            return _MAX_JSON
+        raise ProtocolError(f"unknown frame kind {kind!r}")
 
     async def _next_frame(self, deadline: float) -> tuple[bytes, bytes] | None:
         """The next frame, or None at the deadline. Raises KernelDied at end of stream or on a bad frame."""
         while True:
             if len(self._buffer) >= _HEADER.size:
                 kind, size = _HEADER.unpack_from(self._buffer)
-                if size > self._max_frame or kind not in b"HOEFD":
-                    self.alive = False
-                    raise KernelDied("The interpreter sent a malformed frame")
+                if size > self._frame_limit(kind):
+                    raise ProtocolError(f"a {kind.decode('latin-1')!r} frame of {size} bytes is over its limit")
                 if len(self._buffer) >= _HEADER.size + size:
                     payload = bytes(self._buffer[_HEADER.size : _HEADER.size + size])
                     del self._buffer[: _HEADER.size + size]
@@ -99,13 +129,16 @@ class Kernel:
         artifacts: list[Artifact] = []
         request = {"code": code, "mode": mode, "echo": echo, "filename": filename, "artifact_limit": artifact_limit}
         payload = json.dumps(request).encode()
-        await self.process.send(_HEADER.pack(b"R", len(payload)) + payload)
         exit_code: int | None = None
         timed_out = False
         lost = False
         deadline = started + timeout
         interrupted = False
+        self._room = artifact_limit
         try:
+            # A kernel that does not read (stopped by the code of an earlier cell) cannot hold the call past its time.
+            with anyio.fail_after(timeout):
+                await self.process.send(_HEADER.pack(b"R", len(payload)) + payload)
             while exit_code is None:
                 frame = await self._next_frame(deadline)
                 if frame is None:
@@ -124,41 +157,75 @@ class Kernel:
                     out.feed(body)
                 elif kind == b"E":
                     err.feed(body)
-                elif kind == b"F" and len(artifacts) < _MAX_ARTIFACTS:
-                    artifact = _artifact(body)
+                elif kind == b"F":
+                    if len(artifacts) >= _MAX_ARTIFACTS:
+                        raise ProtocolError(f"more than {_MAX_ARTIFACTS} output files")
+                    artifact = self._artifact(body)
                     if artifact is not None:
                         artifacts.append(artifact)
                 elif kind == b"D":
-                    exit_code = int(json.loads(body).get("exit", 1))
-        except (KernelDied, ValueError, TypeError) as exc:
-            # The interpreter died mid-run (e.g. killed for memory) or broke the protocol: the run ends here.
-            if not isinstance(exc, KernelDied):
-                await self._kill()
-            lost = True
-            exit_code = 137
-            err.feed(f"\n[the interpreter was lost: {exc}]\n".encode())
+                    status = _json_object(body).get("exit")
+                    if type(status) is not int or status not in _EXIT_RANGE:
+                        raise ProtocolError("an invalid exit status")
+                    exit_code = status
+                elif kind == b"H":
+                    raise ProtocolError("a second hello")
+        except ProtocolError as exc:
+            await self._kill()
+            lost, exit_code, artifacts = True, 137, []
+            err.feed(f"\n[the run broke the sandbox's result protocol ({exc}); it was stopped]\n".encode())
+        except (SandboxFailure, TimeoutError) as exc:
+            # The interpreter died mid-run (e.g. killed for memory), stopped reading, or its sandbox went away.
+            await self._kill()
+            lost, exit_code = True, 137
+            timed_out = timed_out or isinstance(exc, TimeoutError)
+            err.feed(f"\n[the interpreter was lost: {exc or 'it stopped reading'}]\n".encode())
+        finally:
+            self._room = 0
         result = ExecResult.captured(exit_code, out, err, timed_out=timed_out, started=started)
         result.artifacts = sorted(artifacts, key=lambda artifact: artifact.name)
         result.interpreter_lost = lost
         return result
 
+    def _artifact(self, body: bytes) -> Artifact | None:
+        """One output file; None for a name that leaves the output directory (skipped, as the kernel would)."""
+        header, newline, data = body.partition(b"\n")
+        info = _json_object(header, _MAX_FILE_HEADER)
+        name, size, inline = info.get("name"), info.get("size"), info.get("inline")
+        if not newline or not isinstance(name, str) or type(size) is not int or type(inline) is not bool:
+            raise ProtocolError("an invalid file header")
+        if size < 0 or (inline and len(data) != size) or (not inline and data):
+            raise ProtocolError("a file whose size does not match its header")
+        if len(data) > self._room:
+            raise ProtocolError("files over the inline budget (SANDBOX_ARTIFACT_LIMIT)")
+        self._room -= len(data)
+        try:
+            relative = str(safe_relative(name))
+        except FileTransferError:
+            return None
+        return Artifact.of(relative, size, data if inline else None)
+
     async def _kill(self) -> None:
         self.alive = False
         with anyio.CancelScope(shield=True):
-            await self.backend.kill_all(self.ref)
+            try:
+                await self.backend.kill_all(self.ref)
+            except SandboxFailure as exc:  # the sandbox is gone: so is everything that ran in it
+                logger.info("Could not kill the processes of %s: %s", self.ref.id[:12], exc)
 
     async def aclose(self) -> None:
         self.alive = False
         await self.process.aclose()
 
 
-def _artifact(body: bytes) -> Artifact | None:
-    header, _, data = body.partition(b"\n")
-    info = json.loads(header)
+def _json_object(data: bytes, limit: int = _MAX_JSON) -> dict[str, object]:
+    """A small JSON object, or ProtocolError: whatever the bytes are (deep nesting, huge numbers, not UTF-8)."""
+    if len(data) > limit:
+        raise ProtocolError("an oversized header")
     try:
-        name = str(safe_relative(str(info["name"])))
-    except FileTransferError:
-        return None
-    size = int(info["size"])
-    inline = bool(info.get("inline")) and len(data) == size
-    return Artifact.of(name, size, data if inline else None)
+        value: object = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError("a header that is not JSON") from exc
+    if not isinstance(value, dict):
+        raise ProtocolError("a header that is not a JSON object")
+    return cast(dict[str, object], value)

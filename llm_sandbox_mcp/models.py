@@ -15,6 +15,9 @@ from llm_sandbox_mcp.defaults import SANDBOX_USER
 WORKDIR = PurePosixPath("/workspace")
 OUTPUT_DIR = WORKDIR / "outputs"
 LIBS_DIR = PurePosixPath("/opt/llm-sandbox/libs")
+# Floors of what a sandbox may be given: below them engines drop the limit (a CPU quota of 0 means none).
+MIN_CPUS = 0.01
+MIN_MEMORY = 32 * 1024**2
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,9 @@ class Pool(Generic[K, T]):
         except SandboxError as exc:
             logger.warning("Could not prepare a sandbox ahead of time: %s", exc)
             return
+        except Exception:  # background work never ends the server: an engine's own error type included
+            logger.exception("Could not prepare a sandbox ahead of time")
+            return
         finally:
             self._making[key] -= 1
         if self._closed or key not in self._ready:
@@ -115,4 +118,7 @@ class Pool(Generic[K, T]):
 
     async def _shielded_dispose(self, item: T) -> None:
         with anyio.CancelScope(shield=True):
-            await self._dispose(item)
+            try:
+                await self._dispose(item)
+            except Exception:  # in the background: logged, never fatal
+                logger.exception("Could not remove a used sandbox")

@@ -12,6 +12,7 @@ from pydantic import Field
 
 from llm_sandbox_mcp.languages import LANGUAGES
 from llm_sandbox_mcp.metadata import hints
+from llm_sandbox_mcp.models import MIN_CPUS
 from llm_sandbox_mcp.results import (
     Closed,
     Download,
@@ -50,7 +51,9 @@ def register_session_tools(server: MCPServer[Any], state: AppState) -> None:
         memory: Annotated[
             str | None, Field(description="Memory limit such as '1g', within the operator's maximum", max_length=16)
         ] = None,
-        cpus: Annotated[float | None, Field(description="CPU limit, within the operator's maximum", gt=0)] = None,
+        cpus: Annotated[
+            float | None, Field(description="CPU limit, within the operator's maximum", ge=MIN_CPUS)
+        ] = None,
         network: Annotated[
             bool, Field(description="Ask for network access (refused unless the operator allows it)")
         ] = False,
@@ -108,9 +111,10 @@ def register_session_tools(server: MCPServer[Any], state: AppState) -> None:
         session_id: SessionId,
         path: WorkspacePath,
         host_path: Annotated[str | None, Field(description="Absolute host path to write to", max_length=4096)] = None,
+        overwrite: Annotated[bool, Field(description="Replace an existing file at host_path")] = False,
     ) -> Annotated[CallToolResult, Download]:
         with tool_errors():
-            return download_result(*await state.download(session_id, path, host_path))
+            return download_result(*await state.download(session_id, path, host_path, overwrite))
 
     @server.tool(
         description="List files in a session's workspace (up to four levels deep).",

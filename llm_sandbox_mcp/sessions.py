@@ -17,7 +17,7 @@ from llm_sandbox_mcp.config import Settings, parse_size
 from llm_sandbox_mcp.errors import InvalidRequest, SandboxNotFound
 from llm_sandbox_mcp.executor import Cell, Executor, Lease
 from llm_sandbox_mcp.languages import Language, get_language
-from llm_sandbox_mcp.models import Execution, Limits
+from llm_sandbox_mcp.models import MIN_CPUS, MIN_MEMORY, Execution, Limits
 
 logger = logging.getLogger(__name__)
 
@@ -99,15 +99,17 @@ class SessionRegistry:
             except ValueError as exc:
                 raise InvalidRequest(f"memory {memory!r}: {exc}") from None
             ceiling = self.settings.sandbox_session_max_memory
+            if wanted < MIN_MEMORY:
+                raise InvalidRequest(f"memory {memory!r} is below the minimum of {MIN_MEMORY // 1024**2} MiB")
             if wanted > ceiling:
                 raise InvalidRequest(
                     f"memory {memory!r} is above the operator's maximum of {ceiling} bytes (SANDBOX_SESSION_MAX_MEMORY)"
                 )
             limits = replace(limits, memory_bytes=wanted)
         if cpus is not None:
-            if cpus <= 0 or cpus > self.settings.sandbox_session_max_cpus:
+            if not MIN_CPUS <= cpus <= self.settings.sandbox_session_max_cpus:
                 raise InvalidRequest(
-                    f"cpus must be above 0 and at most {self.settings.sandbox_session_max_cpus:g} "
+                    f"cpus must be at least {MIN_CPUS:g} and at most {self.settings.sandbox_session_max_cpus:g} "
                     "(SANDBOX_SESSION_MAX_CPUS)"
                 )
             limits = replace(limits, cpus=cpus)
@@ -135,10 +137,22 @@ class SessionRegistry:
         return sorted(self._sessions.values(), key=lambda session: session.created)
 
     async def close(self, session_id: str, why: str = "it was closed") -> None:
-        session = self.get(session_id)
-        del self._sessions[session_id]
+        """Close a session; closing one that is already closed is not an error (an unknown id is)."""
+        if session_id in self._why_gone:
+            return
+        self.get(session_id)
+        await self._discard(session_id, why)
+
+    async def _discard(self, session_id: str, why: str) -> None:
+        """Remove a session and its sandbox, if it is still there. Never raises: the reaper and shutdown call it."""
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            return
         self._why_gone[session_id] = why
-        await self.executor.close(session.lease)
+        try:
+            await self.executor.close(session.lease)
+        except Exception:
+            logger.exception("Could not remove the sandbox of session %s", session_id)
         logger.info("Session %s closed: %s", session_id, why)
 
     async def execute(self, session_id: str, code: str, libraries: list[str], timeout: float | None) -> Execution:
@@ -151,7 +165,7 @@ class SessionRegistry:
                 f"Session {session.id} was created with libraries {session.libraries or '[]'}; "
                 f"{', '.join(missing)} must be given to create_session (sessions have no network to install later)"
             )
-        async with session.lock:
+        async with session.lock, self.executor.limiter:
             if session.id not in self._sessions:
                 raise SandboxNotFound(f"Session {session.id!r} was closed while this call waited")
             execution = await self.executor.run(session.lease, program, session.cell)
@@ -160,20 +174,18 @@ class SessionRegistry:
         return execution
 
     async def reap(self) -> int:
-        """Close sessions past their idle TTL or maximum lifetime; return how many."""
+        """Close sessions past their idle TTL, and those past their maximum lifetime even mid-call; return how many."""
         now = time.monotonic()
         expired: list[tuple[str, str]] = []
         for session in self._sessions.values():
-            if session.lock.locked():
-                continue
-            if now - session.last_used > self.settings.sandbox_session_idle_ttl:
-                expired.append((session.id, f"it expired after {self.settings.sandbox_session_idle_ttl:g} s idle"))
-            elif now - session.created > self.settings.sandbox_session_max_lifetime:
+            if now - session.created > self.settings.sandbox_session_max_lifetime:
                 expired.append(
                     (session.id, f"it reached its maximum lifetime of {self.settings.sandbox_session_max_lifetime:g} s")
                 )
+            elif not session.lock.locked() and now - session.last_used > self.settings.sandbox_session_idle_ttl:
+                expired.append((session.id, f"it expired after {self.settings.sandbox_session_idle_ttl:g} s idle"))
         for session_id, why in expired:
-            await self.close(session_id, why)
+            await self._discard(session_id, why)
         return len(expired)
 
     async def usage(self, session: Session) -> dict[str, int | None]:
@@ -189,8 +201,11 @@ class SessionRegistry:
     async def run_reaper(self) -> None:
         while True:
             await anyio.sleep(min(30.0, self.settings.sandbox_session_idle_ttl / 2))
-            await self.reap()
+            try:
+                await self.reap()
+            except Exception:  # background work never ends the server
+                logger.exception("Could not close expired sessions")
 
     async def aclose(self) -> None:
         for session_id in list(self._sessions):
-            await self.close(session_id, "the server shut down")
+            await self._discard(session_id, "the server shut down")

@@ -173,11 +173,13 @@ class AppState:
         entry = await self.files.upload(ref, path, data)
         return FileInfo(path=entry.path, type=entry.type, size=entry.size)
 
-    async def download(self, session_id: str, path: str, host_path: str | None) -> tuple[Download, bytes]:
+    async def download(
+        self, session_id: str, path: str, host_path: str | None, overwrite: bool = False
+    ) -> tuple[Download, bytes]:
         """The file's description and its bytes (for the image block a result may add)."""
         ref = self._session(session_id).lease.ref
         data = await self.files.download(ref, path)
-        written = await self.files.write_host(host_path, data) if host_path is not None else None
+        written = await self.files.write_host(host_path, data, overwrite) if host_path is not None else None
         encoding, text = "host", None
         if written is None:
             try:

@@ -35,12 +35,17 @@ def pack(files: Mapping[str, bytes], uid: int, gid: int) -> bytes:
 
 
 def unpack(data: bytes, max_files: int = 1000) -> dict[PurePosixPath, bytes]:
-    """Regular files from a tar stream. Links, devices and paths that escape are skipped, never followed."""
+    """Regular files from a tar stream a sandbox produced, which is hostile input.
+
+    Only plain regular members are read; links, devices, FIFOs and sparse members (which would expand to
+    whatever size their map claims) are skipped, never followed or expanded, and paths that escape are
+    skipped. What is returned was really read from `data`: never more bytes than the archive holds.
+    """
     files: dict[PurePosixPath, bytes] = {}
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
             for member in archive:
-                if not member.isreg():
+                if member.type not in (tarfile.REGTYPE, tarfile.AREGTYPE) or member.sparse is not None:
                     continue
                 try:
                     name = safe_relative(member.name)
@@ -48,7 +53,7 @@ def unpack(data: bytes, max_files: int = 1000) -> dict[PurePosixPath, bytes]:
                     continue
                 handle = archive.extractfile(member)
                 if handle is not None:
-                    files[name] = handle.read()
+                    files[name] = handle.read(len(data))
                 if len(files) >= max_files:
                     break
     except tarfile.TarError as exc:

@@ -1,16 +1,68 @@
-"""What every container sandbox gets, whatever the engine (Docker, Podman): its idle PID 1, rlimits, cache names."""
+"""What every container sandbox gets, whatever the engine (Docker, Podman, Kubernetes): its PID 1, the way
+everything else in it is killed from outside, rlimits, cache names."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
 from llm_sandbox_mcp.models import Limits
 
-# PID 1. No init process: a PID-namespace init ignores signals from inside, so `kill -9 -1` on timeout kills
-# everything but it, and the sandbox stays usable; an init such as tini would exit with its killed child.
-SLEEPER = ["sleep", "infinity"]
-# Run as the sandbox user: kills every process of that user in the sandbox, except PID 1 and itself.
-KILL_ALL = ["sh", "-c", "kill -9 -1"]
+# PID 1, in every image that has a POSIX shell. It holds the sandbox open and:
+# - reaps orphans (its `wait` collects any child), so a fork bomb's zombies give their pids back;
+# - on SIGUSR1 kills every other process of the sandbox user with one kill(-1). Nothing inside can stop or
+#   dodge that: PID 1 of a PID namespace gets no signal from inside but those it handles (so no SIGSTOP or
+#   SIGKILL), needs no new process (so a full pids limit does not matter), and kill(-1) reaches every
+#   process at once. The engine sends the signal from outside;
+# - writes nothing: its output is /dev/null, so code writing to /proc/1/fd/1 cannot fill the engine's log.
+INIT = [
+    "sh",
+    "-c",
+    "exec </dev/null >/dev/null 2>&1; trap 'kill -KILL -1' USR1; while :; do sleep 86400 & wait $!; done",
+]
+KILL_SIGNAL = "SIGUSR1"
+# Where the engine cannot signal PID 1 (Kubernetes), a process of the sandbox asks it to, and is itself
+# killed by it: exit status 137 proves the kill happened; anything else means it did not.
+KILL_REQUEST = ["sh", "-c", "kill -USR1 1 && sleep 300"]
+KILL_SECONDS = 30.0
 CACHE_PREFIX = "llm-sandbox-mcp-libs-"
 NPROC = 4096
+# The kernel kills sandboxes before the server when memory runs out.
+OOM_SCORE_ADJ = 1000
+
+Process = tuple[int, int, str]
+"""pid, parent pid, command line, as an engine's `top` lists them."""
+
+
+def top_processes(listing: Mapping[str, Any]) -> list[Process]:
+    """The processes of an engine's `top` answer (`ps_args` pid,ppid,args)."""
+    rows: list[list[str]] = listing.get("Processes") or []
+    return [(int(row[0]), int(row[1]), str(row[2])) for row in rows]
+
+
+def kill_from_outside(signal: Callable[[], None], top: Callable[[], list[Process]], init_pid: int) -> bool:
+    """Have PID 1 kill everything else, and wait until nothing but it and its idle child is left.
+
+    The idle child of the moment is noted first: PID 1 replaces it after killing, so a listing without it
+    proves the kill ran. False when the sandbox did not get there within KILL_SECONDS.
+    """
+    before = {pid for pid, parent, _ in top() if parent == init_pid}
+    signal()
+    deadline = time.monotonic() + KILL_SECONDS
+    while time.monotonic() < deadline:
+        others = [(pid, parent, command) for pid, parent, command in top() if pid != init_pid]
+        if len(others) <= 1 and all(
+            parent == init_pid and pid not in before and command.startswith("sleep") for pid, parent, command in others
+        ):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def init_pid(listing: Sequence[Process], engine_pid: int) -> int:
+    """PID 1 as this `top` numbers it: the engine's host pid (Docker), or 1 (Podman lists namespace pids)."""
+    return engine_pid if any(pid == engine_pid for pid, _, _ in listing) else 1
 
 
 def rlimits(limits: Limits) -> dict[str, int]:

@@ -17,10 +17,20 @@ from typing import Any, cast
 
 import docker
 import docker.errors
-from docker.types import Mount, Ulimit
+from docker.types import LogConfig, Mount, Ulimit
 
 from llm_sandbox_mcp.backends import VANISHED_EXIT, _owner
-from llm_sandbox_mcp.backends._container import CACHE_PREFIX, KILL_ALL, SLEEPER, rlimits
+from llm_sandbox_mcp.backends._container import (
+    CACHE_PREFIX,
+    INIT,
+    KILL_SIGNAL,
+    OOM_SCORE_ADJ,
+    Process,
+    init_pid,
+    kill_from_outside,
+    rlimits,
+    top_processes,
+)
 from llm_sandbox_mcp.backends._stream import SocketProcess, pump, send_stdin
 from llm_sandbox_mcp.backends._threaded import Threaded
 from llm_sandbox_mcp.config import Settings
@@ -37,7 +47,7 @@ def container_options(spec: SandboxSpec, labels: Mapping[str, str]) -> dict[str,
     uid, gid = limits.uid, limits.gid
     options: dict[str, Any] = {
         "image": spec.image,
-        "command": SLEEPER,
+        "command": INIT,
         "user": f"{uid}:{gid}",
         "working_dir": str(WORKDIR),
         "environment": {"HOME": "/tmp"},
@@ -52,6 +62,11 @@ def container_options(spec: SandboxSpec, labels: Mapping[str, str]) -> dict[str,
         "memswap_limit": limits.memory_bytes,
         "nano_cpus": int(limits.cpus * 1e9),
         "pids_limit": limits.pids,
+        "oom_score_adj": OOM_SCORE_ADJ,
+        # The engine keeps no log of a sandbox: nothing in it can grow a file on the host that way.
+        "log_config": LogConfig(type=LogConfig.types.NONE),
+        # Not the operator's ~/.docker/config.json proxies: nothing of the host's reaches a sandbox.
+        "use_config_proxy": False,
         "ulimits": [Ulimit(name=name, soft=value, hard=value) for name, value in rlimits(limits).items()],
         "tmpfs": {
             str(WORKDIR): f"rw,exec,nosuid,nodev,size={limits.workspace_bytes},uid={uid},gid={gid},mode=0700",
@@ -218,7 +233,7 @@ class DockerEngine:
             # The process may exit without reading its input; its output still tells why.
             with contextlib.suppress(OSError):
                 send_stdin(sock, stdin)
-            timed_out = pump(sock, out, err, started + timeout, lambda: self._kill_all(ref.id, user))
+            timed_out = pump(sock, out, err, started + timeout, lambda: self._kill_all(ref.id))
         finally:
             stream.close()
             sock.close()
@@ -250,18 +265,26 @@ class DockerEngine:
             time.sleep(0.02)
         return -1
 
-    def _kill_all(self, container_id: str, user: str) -> None:
-        """Kill every process of the sandbox user; PID 1 (the init) is immune, so the sandbox stays."""
+    def _kill_all(self, container_id: str) -> None:
+        """Every process but PID 1 killed from outside (see `_container.INIT`); failing that, the sandbox removed."""
         api = self._docker().api
         try:
-            kill_id = api.exec_create(container_id, KILL_ALL, user=user)["Id"]
-            api.exec_start(kill_id)
-        except docker.errors.APIError:
-            logger.warning("Could not kill the processes in %s; removing it", container_id[:12])
+            engine_pid = int(api.inspect_container(container_id)["State"]["Pid"])
+            pid = init_pid(self._top(container_id), engine_pid)
+            settled = kill_from_outside(
+                lambda: api.kill(container_id, KILL_SIGNAL), lambda: self._top(container_id), pid
+            )
+        except docker.errors.APIError as exc:
+            logger.warning("Could not kill the processes in %s (%s); removing it", container_id[:12], exc)
+            settled = False
+        if not settled:
             self.remove(container_id)
 
+    def _top(self, container_id: str) -> list[Process]:
+        return top_processes(self._docker().api.top(container_id, ps_args="-o pid,ppid,args"))
+
     def kill_all(self, ref: SandboxRef) -> None:
-        self._kill_all(ref.id, _user(ref))
+        self._kill_all(ref.id)
 
     def remove(self, container_id: str) -> None:
         try:

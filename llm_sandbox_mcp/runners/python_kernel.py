@@ -16,6 +16,7 @@ import linecache
 import os
 import select
 import signal
+import stat
 import struct
 import sys
 import termios
@@ -98,7 +99,12 @@ def prepare():
                 __import__(name)
 
 
+MAX_FILES = 200
+MAX_NAME = 1024
+
+
 def snapshot():
+    """Regular files in the output directory (links, FIFOs and devices are never opened)."""
     state = {}
     for root, _dirs, files in os.walk(OUT):
         for name in files:
@@ -107,27 +113,38 @@ def snapshot():
                 info = os.lstat(path)
             except OSError:
                 continue
-            if not os.path.islink(path):
-                state[os.path.relpath(path, OUT)] = (info.st_mtime_ns, info.st_size)
+            relative = os.path.relpath(path, OUT)
+            if stat.S_ISREG(info.st_mode) and len(relative) <= MAX_NAME:
+                state[relative] = (info.st_mtime_ns, info.st_size)
     return state
+
+
+def read_regular(path, size):
+    """At most `size` bytes of a regular file, or None: a file swapped for a link or FIFO is not followed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return handle.read(size)
 
 
 def send_artifacts(before, limit):
     after = snapshot()
     budget = limit
-    for name in sorted(after):
-        if before.get(name) == after[name]:
-            continue
+    changed = [name for name in sorted(after) if before.get(name) != after[name]][:MAX_FILES]
+    for name in changed:
         size = after[name][1]
         inline = size <= budget
         data = b""
         if inline:
-            try:
-                with open(os.path.join(OUT, name), "rb") as handle:
-                    data = handle.read(size)
-            except OSError:
+            data = read_regular(os.path.join(OUT, name), size)
+            if data is None:
                 continue
-            budget -= len(data)
+            size = len(data)
+            budget -= size
         header = json.dumps({"name": name, "size": size, "inline": inline}).encode()
         send(b"F", header + b"\n" + data)
 
@@ -310,7 +327,19 @@ def run_inline(request, capture):
     send(b"D", json.dumps({"exit": status}).encode())
 
 
+def not_dumpable():
+    # Other processes of the sandbox user (the code this kernel runs, its children) cannot then open this
+    # kernel's descriptors through /proc/<pid>/fd, ptrace it, or read its memory.
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+    except Exception:
+        pass
+
+
 def main():
+    not_dumpable()
     prepare()
     send(b"H", json.dumps({"pid": os.getpid(), "python": sys.version.split()[0]}).encode())
     capture = None

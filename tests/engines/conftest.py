@@ -128,7 +128,7 @@ class RecordingBackend:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _kube_double_stopped() -> Iterator[None]:
+def kube_double_stopped() -> Iterator[None]:
     yield
     kube.stop()
 

@@ -22,7 +22,7 @@ from kubernetes import client, config
 from kubernetes.stream import ws_client
 
 from llm_sandbox_mcp.backends import _owner, load_backend
-from llm_sandbox_mcp.backends._container import CACHE_PREFIX, SLEEPER
+from llm_sandbox_mcp.backends._container import CACHE_PREFIX, INIT
 from llm_sandbox_mcp.backends._kubernetes import KubernetesEngine
 from llm_sandbox_mcp.backends._kubernetes import api as k8s_api
 from llm_sandbox_mcp.backends._kubernetes.api import ApiFailure
@@ -100,7 +100,7 @@ async def test_the_pod_is_hardened_limited_and_labelled(backend: Threaded, core:
         "fsGroupChangePolicy": "OnRootMismatch",
         "seccompProfile": {"type": "RuntimeDefault"},
     }
-    assert container["command"] == SLEEPER and container["workingDir"] == "/workspace"
+    assert container["command"] == INIT and container["workingDir"] == "/workspace"
     assert container["securityContext"] == {
         "allowPrivilegeEscalation": False,
         "seccompProfile": {"type": "Localhost", "localhostProfile": "llm-sandbox-mcp.json"},

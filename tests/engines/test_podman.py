@@ -22,7 +22,7 @@ import pytest
 from podman import PodmanClient
 
 from llm_sandbox_mcp.backends import _owner, _podman
-from llm_sandbox_mcp.backends._container import SLEEPER
+from llm_sandbox_mcp.backends._container import INIT
 from llm_sandbox_mcp.backends._podman import PodmanEngine, dropped_limits
 from llm_sandbox_mcp.backends._podman.libpod import container_spec, network_fields, security_fields
 from llm_sandbox_mcp.backends._podman.service import Candidate, Engine, candidates
@@ -95,7 +95,7 @@ def test_docker_host_naming_a_default_socket_is_tried_once() -> None:
 
 def test_the_spec_keeps_a_bare_sleeper_as_pid_1_and_kills_it_at_once_on_removal() -> None:
     spec = container_spec(SandboxSpec("python:3.12-slim", Limits()), {"a": "b"})
-    assert spec["command"] == SLEEPER and spec["init"] is False
+    assert spec["command"] == INIT and spec["init"] is False
     assert (spec["stop_signal"], spec["stop_timeout"]) == (9, 0)
     assert spec["httpproxy"] is False and spec["read_write_tmpfs"] is False
     assert spec["no_new_privileges"] is True and spec["cap_drop"] == ["ALL"]
@@ -420,7 +420,7 @@ async def test_sandboxes_are_labelled_hardened_and_removed_at_shutdown(client: P
     attrs = client.containers.get(ref.id).attrs
     config, host = attrs["Config"], attrs["HostConfig"]
     assert config["Labels"][_owner.MANAGED] == "true" and config["Labels"][_owner.INSTANCE] == _owner.INSTANCE_ID
-    assert config["User"] == "65534:65534" and config["Cmd"] == SLEEPER and host.get("Init") in (None, False)
+    assert config["User"] == "65534:65534" and config["Cmd"] == INIT and host.get("Init") in (None, False)
     assert host["ReadonlyRootfs"] is True and host["NetworkMode"] == "none" and host["Privileged"] is False
     assert "CAP_SYS_ADMIN" not in host["CapAdd"] and "CAP_CHOWN" in host["CapDrop"]
     assert host["SecurityOpt"] == ["no-new-privileges"]

@@ -140,3 +140,11 @@ def test_provisioning_builds_exactly_the_images_and_user_the_settings_default_to
     expected = [f"{language} {settings.image_for(language)}" for language in LANGUAGES]
     assert printed == [*expected, f"user {settings.sandbox_user}"]
     assert settings.limits().uid == Limits().uid and settings.limits() == Limits()
+
+
+@pytest.mark.parametrize(("variable", "value"), [("SANDBOX_CPUS", "1e-10"), ("SANDBOX_MEM_LIMIT", "1m")])
+def test_limits_too_small_to_enforce_are_refused(monkeypatch: pytest.MonkeyPatch, variable: str, value: str) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as raised:
+        load_settings()
+    assert variable in str(raised.value) or "SANDBOX_MEM_LIMIT" in str(raised.value)

@@ -3,15 +3,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anyio
 import pytest
 from mcp import Client
 from mcp_types import CallToolResult, TextContent
 
 from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.server import build_server
+from llm_sandbox_mcp.sessions import SessionRegistry
 from tests.support.fakes import Call, FakeBackend, ok
 
 pytestmark = pytest.mark.anyio
+
+
+def _text(result: CallToolResult) -> str:
+    first = result.content[0]
+    assert isinstance(first, TextContent)
+    return first.text
 
 
 def _payload(result: CallToolResult) -> dict[str, Any]:
@@ -108,3 +117,36 @@ async def test_host_files_are_refused_unless_the_operator_allows_a_directory() -
     assert result.is_error
     block = result.content[0]
     assert isinstance(block, TextContent) and "SANDBOX_HOST_DIRS" in block.text
+
+
+async def test_a_cpu_limit_too_small_to_enforce_is_refused() -> None:
+    async with Client(build_server(Settings(sandbox_pool_size=0), FakeBackend())) as client:
+        result = await client.call_tool("create_session", {"language": "python", "cpus": 1e-10})
+    assert result.is_error
+    assert "0.01" in _text(result)
+
+
+async def test_a_session_closed_while_the_reaper_closes_it_ends_once_and_quietly() -> None:
+    backend = FakeBackend()
+    settings = Settings(sandbox_pool_size=0, sandbox_session_idle_ttl=0.001)
+    async with Executor(settings, backend) as executor:
+        registry = SessionRegistry(settings, executor)
+        session = await registry.create("python", [])
+        await anyio.sleep(0.01)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(registry.close, session.id)
+            tasks.start_soon(registry.reap)
+            tasks.start_soon(registry.close, session.id)
+        await registry.close(session.id)  # closing a closed session again is not an error
+        await registry.aclose()
+    assert backend.destroyed == ["fake-1"]
+
+
+async def test_an_engine_error_of_any_type_in_the_background_does_not_end_the_server() -> None:
+    backend = FakeBackend(create_error=RuntimeError("the engine's own exception type"))
+    async with Client(build_server(Settings(sandbox_pool_size=2), backend)) as client:
+        await anyio.sleep(0.05)  # the pool's refill fails in the background meanwhile
+        failed = await client.call_tool("execute_code", {"code": "print(1)"})
+        listed = await client.call_tool("get_supported_languages", {})
+    assert failed.is_error and "RuntimeError" not in _text(failed)
+    assert not listed.is_error

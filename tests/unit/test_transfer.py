@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import io
+import os
+import subprocess
 import tarfile
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -69,3 +71,18 @@ def test_head_tail_memory_stays_bounded_and_keeps_both_ends() -> None:
     assert value.startswith(b"START") and value.endswith(b"END")
     assert len(value) < 200
     assert b"[... 9999908 bytes truncated ...]" in value
+
+
+@pytest.mark.parametrize("sparse_format", ["--format=gnu", "--format=posix"])
+def test_a_sparse_member_is_never_expanded(tmp_path: Path, sparse_format: str) -> None:
+    """GNU and PAX sparse members say how large they are when expanded; a 1 GiB hole costs a few bytes to send."""
+    (tmp_path / "hole.png").write_bytes(b"")
+    os.truncate(tmp_path / "hole.png", 1 << 30)
+    (tmp_path / "plain.txt").write_bytes(b"kept")
+    archive = subprocess.run(
+        ["tar", "--sparse", sparse_format, "-c", "-C", str(tmp_path), "hole.png", "plain.txt"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    assert len(archive) < 64 * 1024
+    assert unpack(archive) == {PurePosixPath("plain.txt"): b"kept"}

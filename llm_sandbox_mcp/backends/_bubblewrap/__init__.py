@@ -53,6 +53,7 @@ from llm_sandbox_mcp.backends._bubblewrap.host import (
 )
 from llm_sandbox_mcp.backends._bubblewrap.pipes import PipeProcess, feed, pump
 from llm_sandbox_mcp.backends._bubblewrap.seccomp import FILTER
+from llm_sandbox_mcp.backends._container import OOM_SCORE_ADJ
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, SandboxFailure
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, HeadTail, Limits, SandboxRef, SandboxSpec
@@ -143,12 +144,21 @@ class BubblewrapBackend:
         if nsenter is None:
             raise BackendUnavailable("BACKEND=bubblewrap needs nsenter; install util-linux with your package manager")
         root = os.geteuid() == 0
+        cgroups = CgroupManager()
+        missing = cgroups.missing()
+        if missing is not None:
+            raise BackendUnavailable(
+                f"BACKEND=bubblewrap cannot bound memory, CPU and pids on this host ({missing}), and rlimits alone "
+                "bound neither shared memory nor CPU, so it will not run. Run the server as root, or in a "
+                "systemd user scope with the cgroup v2 controllers delegated (`systemd-run --user --scope -p "
+                "Delegate=yes uvx llm-sandbox-mcp`), or use Docker or Podman."
+            )
         state = state_root()
         private_dir(state / "sandboxes", 0o700)
         host = _Host(
             bwrap=find_bwrap(self._configured, state, staging=root),
             nsenter=nsenter,
-            cgroups=CgroupManager(),
+            cgroups=cgroups,
             state=state,
             root=root,
             nproc_per_userns=_kernel_at_least(5, 14),
@@ -188,6 +198,8 @@ class BubblewrapBackend:
         sandbox_id = uuid.uuid4().hex
         cache_dir = await anyio.to_thread.run_sync(self._cache_dir, host, spec) if spec.cache else None
         cgroup = await anyio.to_thread.run_sync(host.cgroups.create, f"sandbox-{sandbox_id}", limits)
+        if cgroup is None:
+            raise SandboxFailure(f"bubblewrap could not make the sandbox's cgroup: {host.cgroups.problem}")
         state_file = host.state / "sandboxes" / f"{sandbox_id}.json"
         record = {"labels": _owner.owner_labels(), "cgroups": [str(d) for d in cgroup.dirs] if cgroup else []}
         await anyio.Path(state_file).write_text(json.dumps(record))
@@ -355,6 +367,8 @@ class BubblewrapBackend:
             resource.prlimit(pid, kind, (soft, hard))
         if box.cgroup is not None:
             box.cgroup.place(pid)
+        # The kernel kills sandboxes before the server when memory runs out (inherited by what the exec starts).
+        Path(f"/proc/{pid}/oom_score_adj").write_text(str(OOM_SCORE_ADJ))
 
     async def _reap(self, box: _Sandbox, process: Process) -> None:
         if process.returncode is None:  # the caller was cancelled: the exec's own processes go too

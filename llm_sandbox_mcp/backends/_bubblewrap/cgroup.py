@@ -1,7 +1,8 @@
 """Per-sandbox cgroups (pids, memory, cpu) where this process may make them: cgroup v1 or v2.
 
 Root can always make them, and root is exactly the case where rlimits fail (root ignores RLIMIT_NPROC).
-Without them the backend falls back to rlimits. All calls block; the backend runs them in worker threads.
+Without all three the backend refuses to run: rlimits alone bound neither shared memory nor CPU. All calls
+block; the backend runs them in worker threads.
 """
 
 from __future__ import annotations
@@ -186,9 +187,17 @@ class CgroupManager:
             except OSError as exc:
                 self._fail(exc)
 
+    def missing(self) -> str | None:
+        """Why sandboxes here would not get a pids, memory and CPU limit each, or None when they will."""
+        if self.problem:
+            return self.problem
+        found = {name for hierarchy in self.hierarchies for name in hierarchy.controllers}
+        absent = [name for name in CONTROLLERS if name not in found]
+        return f"no {', '.join(absent)} cgroup controller" if absent else None
+
     def describe(self) -> str:
         if self.problem:
-            return f"no cgroups ({self.problem}); rlimits only"
+            return f"no cgroups ({self.problem})"
         parts = [f"v{h.version} {'+'.join(sorted(h.controllers))}" for h in self.hierarchies]
         return "cgroups " + ", ".join(parts)
 

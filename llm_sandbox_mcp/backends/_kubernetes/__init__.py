@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from llm_sandbox_mcp.backends import VANISHED_EXIT, _owner
-from llm_sandbox_mcp.backends._container import CACHE_PREFIX, KILL_ALL
+from llm_sandbox_mcp.backends._container import CACHE_PREFIX, KILL_REQUEST, KILL_SECONDS
 from llm_sandbox_mcp.backends._kubernetes.api import ApiFailure, Cluster, connect
 from llm_sandbox_mcp.backends._kubernetes.exec import ExecRefused, ExecStream, WebSocketProcess, exit_code, pump, wrap
 from llm_sandbox_mcp.backends._kubernetes.pod import (
@@ -44,7 +44,6 @@ from llm_sandbox_mcp.models import ExecResult, HeadTail, SandboxRef, SandboxSpec
 
 logger = logging.getLogger(__name__)
 
-_KILL_SECONDS = 10.0
 _MIN_TTL = 24 * 3600
 _RBAC_HINT = "the server's identity needs the Role in the README's Kubernetes section"
 
@@ -223,18 +222,27 @@ class KubernetesEngine:
         return WebSocketProcess(self._open_exec(ref.id, command, stdin=True))
 
     def _kill_all(self, name: str) -> None:
-        """Kill every process of the sandbox user; PID 1 (the idle sleeper) is immune, so the pod stays."""
+        """Every process but PID 1 killed by PID 1 (see `_container.INIT`), asked by a process that dies of it:
+        the API cannot signal a container. When that is not proven (the request could not start or was
+        stopped), the pod is deleted."""
         try:
-            exec_stream = self._open_exec(name, KILL_ALL, stdin=False)
+            exec_stream = self._open_exec(name, KILL_REQUEST, stdin=False)
         except SandboxFailure as exc:
             logger.warning("Could not kill the processes in %s (%s); deleting it", name, exc)
             self.remove(name)
             return
         try:
             sink = HeadTail(4096)
-            pump(exec_stream, None, sink, sink, time.monotonic() + _KILL_SECONDS, lambda: None)
+            status, _ = pump(exec_stream, None, sink, sink, time.monotonic() + KILL_SECONDS, lambda: None)
         finally:
             exec_stream.close()
+        try:
+            code = exit_code(status)
+        except ExecRefused:
+            code = None
+        if code != VANISHED_EXIT:
+            logger.warning("Could not prove the processes in %s were killed (status %s); deleting it", name, code)
+            self.remove(name)
 
     # ---- removal --------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from typing import Any, cast
 import yaml
 
 from llm_sandbox_mcp.backends import _owner
-from llm_sandbox_mcp.backends._container import CACHE_PREFIX, SLEEPER
+from llm_sandbox_mcp.backends._container import CACHE_PREFIX, INIT
 from llm_sandbox_mcp.errors import ImageMissing, SandboxFailure
 from llm_sandbox_mcp.models import WORKDIR, Limits, SandboxSpec
 from llm_sandbox_mcp.seccomp import ours_applies
@@ -155,7 +155,7 @@ def pod_manifest(
             {
                 "name": CONTAINER,
                 "image": spec.image,
-                "command": list(SLEEPER),
+                "command": list(INIT),
                 "workingDir": str(WORKDIR),
                 "env": [{"name": "HOME", "value": "/tmp"}],
                 "securityContext": _container_security(limits, options.seccomp_profile),

@@ -27,19 +27,25 @@ from podman import PodmanClient
 from podman.errors.exceptions import APIError, ImageNotFound, NotFound
 
 from llm_sandbox_mcp.backends import VANISHED_EXIT, _owner
-from llm_sandbox_mcp.backends._container import CACHE_PREFIX, KILL_ALL
+from llm_sandbox_mcp.backends._container import (
+    CACHE_PREFIX,
+    KILL_SIGNAL,
+    Process,
+    init_pid,
+    kill_from_outside,
+    top_processes,
+)
 from llm_sandbox_mcp.backends._podman.libpod import ExecStartError, container_spec, exec_body, start_exec
 from llm_sandbox_mcp.backends._podman.service import LIMITS_HINT, Candidate, Engine, candidates, connect, detail, find
 from llm_sandbox_mcp.backends._stream import SocketProcess, pump
 from llm_sandbox_mcp.backends._threaded import Threaded
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure
-from llm_sandbox_mcp.models import WORKDIR, ExecResult, HeadTail, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.models import ExecResult, HeadTail, SandboxRef, SandboxSpec
 from llm_sandbox_mcp.seccomp import PROFILE_JSON
 
 logger = logging.getLogger(__name__)
 
-_KILL_SECONDS = 10.0
 _JSON = {"Content-Type": "application/json"}
 _PROFILE_NAME = "llm-sandbox-mcp-seccomp.json"
 _PROFILE_HINT = (
@@ -173,7 +179,7 @@ class PodmanEngine:
         started = time.monotonic()
         out, err = HeadTail(output_limit), HeadTail(output_limit)
         exit_code, timed_out = self._run(
-            ref.id, argv, user, env, workdir, stdin, started + timeout, out, err, lambda: self._kill_all(ref.id, user)
+            ref.id, argv, user, env, workdir, stdin, started + timeout, out, err, lambda: self._kill_all(ref.id)
         )
         return ExecResult.captured(exit_code, out, err, timed_out=timed_out, started=started)
 
@@ -243,25 +249,30 @@ class PodmanEngine:
         sock.settimeout(None)
         return SocketProcess(sock, lambda: None)
 
-    def _kill_all(self, container_id: str, user: str) -> None:
-        """Kill every process of the sandbox user; PID 1 is immune, so the sandbox stays.
-
-        When that cannot run (a full pids limit leaves no room for one more process), remove the sandbox.
-        """
-        output = HeadTail(4096)
+    def _kill_all(self, container_id: str) -> None:
+        """Every process but PID 1 killed from outside (see `_container.INIT`); failing that, the sandbox removed."""
+        api = self._podman().api
         try:
-            exit_code, _ = self._run(
-                container_id, KILL_ALL, user, {}, WORKDIR, b"", time.monotonic() + _KILL_SECONDS, output, output, _noop
-            )
-            why = output.getvalue().decode(errors="replace").strip()
-        except SandboxFailure as exc:
-            exit_code, why = -1, str(exc)
-        if exit_code not in (0, 1):  # 1: nothing was left to kill
-            logger.warning("Could not kill the processes in %s (%s); removing it", container_id[:12], why)
+            inspected = api.get(f"/containers/{container_id}/json")
+            inspected.raise_for_status()
+            pid = init_pid(self._top(container_id), int(inspected.json()["State"]["Pid"]))
+            settled = kill_from_outside(lambda: self._signal(container_id), lambda: self._top(container_id), pid)
+        except APIError as exc:
+            logger.warning("Could not kill the processes in %s (%s); removing it", container_id[:12], detail(exc))
+            settled = False
+        if not settled:
             self.remove(container_id)
 
+    def _signal(self, container_id: str) -> None:
+        self._podman().api.post(f"/containers/{container_id}/kill", params={"signal": KILL_SIGNAL}).raise_for_status()
+
+    def _top(self, container_id: str) -> list[Process]:
+        response = self._podman().api.get(f"/containers/{container_id}/top", params={"ps_args": "pid,ppid,args"})
+        response.raise_for_status()
+        return top_processes(response.json())
+
     def kill_all(self, ref: SandboxRef) -> None:
-        self._kill_all(ref.id, _user(ref))
+        self._kill_all(ref.id)
 
     def remove(self, container_id: str) -> None:
         try:
@@ -326,10 +337,6 @@ def _failing(what: str, seccomp_hint: bool = False) -> Generator[None, None, Non
 
 def _user(ref: SandboxRef) -> str:
     return f"{ref.spec.limits.uid}:{ref.spec.limits.gid}"
-
-
-def _noop() -> None:
-    pass
 
 
 def from_settings(settings: Settings) -> Threaded:

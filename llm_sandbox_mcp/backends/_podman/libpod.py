@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
-from llm_sandbox_mcp.backends._container import CACHE_PREFIX, SLEEPER, rlimits
+from llm_sandbox_mcp.backends._container import CACHE_PREFIX, INIT, OOM_SCORE_ADJ, rlimits
 from llm_sandbox_mcp.models import WORKDIR, SandboxSpec
 from llm_sandbox_mcp.seccomp import ours_applies
 
@@ -71,12 +71,15 @@ def container_spec(spec: SandboxSpec, labels: Mapping[str, str], seccomp_path: s
     limits = spec.limits
     body: dict[str, Any] = {
         "image": spec.image,
-        "command": SLEEPER,
+        "command": INIT,
         "init": False,
         "user": f"{limits.uid}:{limits.gid}",
         "work_dir": str(WORKDIR),
         "env": {"HOME": "/tmp"},
         "httpproxy": False,  # Podman would copy the service's proxy variables into the sandbox
+        "oom_score_adj": OOM_SCORE_ADJ,
+        # The engine keeps no log of a sandbox: nothing in it can grow a file on the host that way.
+        "log_configuration": {"driver": "none"},
         "hostname": "sandbox",
         "labels": dict(labels),
         "read_only_filesystem": limits.read_only,

@@ -1,0 +1,6 @@
+"""The hostile tier runs on every real engine, with the engine tier's fixtures."""
+
+from tests.engines.conftest import backend as backend
+from tests.engines.conftest import engine as engine
+from tests.engines.conftest import executor as executor
+from tests.engines.conftest import kube_double_stopped as kube_double_stopped

@@ -1,0 +1,169 @@
+"""Attacks on the boundary in both directions, on every engine: code that knows our implementation tries to
+reach the interpreter's protocol, stretch a timeout, fill the host's logs, exhaust its pids with zombies, or
+tamper with its outputs while they are read. Each test proves the attack was contained, from inside the
+sandbox where it can, and that the server still answers the next call."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import AsyncIterator
+
+import anyio
+import pytest
+
+from llm_sandbox_mcp.executor import Executor
+from llm_sandbox_mcp.sessions import SessionRegistry
+
+pytestmark = pytest.mark.anyio
+
+# The program from the report: forged result frames written to the warm interpreter's protocol pipe.
+FORGED_FRAMES = """
+import json, os, struct
+fd = os.open(f"/proc/{os.getppid()}/fd/1", os.O_WRONLY)
+blob = b"\\0" * (8 << 20)
+for i in range(2):
+    body = json.dumps({"name": f"forged_{i}.png", "size": len(blob), "inline": True}).encode() + b"\\n" + blob
+    view = memoryview(b"F" + struct.pack(">I", len(body)) + body)
+    while view:
+        view = view[os.write(fd, view):]
+"""
+
+
+@pytest.fixture
+async def registry(executor: Executor) -> AsyncIterator[SessionRegistry]:
+    sessions = SessionRegistry(executor.settings, executor)
+    try:
+        yield sessions
+    finally:
+        await sessions.aclose()
+
+
+async def still_answers(executor: Executor) -> None:
+    after = await executor.execute("print(1)")
+    assert (after.exit_code, after.stdout) == (0, "1\n"), after
+
+
+async def test_the_interpreters_protocol_pipe_cannot_be_opened_by_the_code(executor: Executor) -> None:
+    result = await executor.execute(FORGED_FRAMES, timeout=60)
+    assert result.exit_code != 0 and "PermissionError" in result.stderr, result
+    assert result.artifacts == []
+    await still_answers(executor)
+
+
+async def test_forged_frames_from_inside_a_session_end_the_run_not_the_server(
+    executor: Executor, registry: SessionRegistry
+) -> None:
+    session = await registry.create("python", [])
+    # Inside a session the code runs in the interpreter itself and can write to its descriptors: every pipe
+    # it may write to gets a forged file frame twice the inline budget.
+    code = textwrap.dedent(
+        """
+        import fcntl, json, os, stat, struct
+        blob = b"\\0" * (8 << 20)
+        body = json.dumps({"name": "forged.png", "size": len(blob), "inline": True}).encode() + b"\\n" + blob
+        frame = b"F" + struct.pack(">I", len(body)) + body
+        for fd in range(3, 64):
+            try:
+                if stat.S_ISFIFO(os.fstat(fd).st_mode) and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_WRONLY:
+                    os.write(fd, frame[:65536])
+            except OSError:
+                pass
+        """
+    )
+    with anyio.fail_after(120):
+        result = await registry.execute(session.id, code, [], 30)
+    assert result.artifacts == [] and result.interpreter_lost and result.exit_code == 137, result
+    assert "broke the sandbox's result protocol" in result.stderr
+    again = await registry.execute(session.id, "print(2)", [], 60)
+    assert again.stdout == "2\n" and "restarted" in again.stderr
+    await still_answers(executor)
+
+
+async def test_a_code_that_stops_every_new_process_cannot_stretch_its_timeout(executor: Executor) -> None:
+    code = """
+    import os, signal
+    me, seen = os.getpid(), set(os.listdir("/proc"))
+    while True:
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and entry not in seen and int(entry) != me:
+                try:
+                    os.kill(int(entry), signal.SIGSTOP)
+                except OSError:
+                    pass
+                seen.add(entry)
+    """
+    # A bound on a hang, not a timing assertion: before, such a call took minutes.
+    with anyio.fail_after(120):
+        result = await executor.execute(textwrap.dedent(code), timeout=3)
+    assert result.timed_out and result.exit_code == 137, result
+    await still_answers(executor)
+
+
+async def test_pid_1_has_no_output_the_code_could_flood(executor: Executor) -> None:
+    code = """
+    import os
+    for fd in (1, 2):
+        try:
+            target = os.readlink(f"/proc/1/fd/{fd}")
+        except OSError as exc:
+            target = type(exc).__name__
+        print(target)
+    """
+    result = await executor.execute(textwrap.dedent(code))
+    # Either PID 1 writes to /dev/null, or its descriptors are out of reach (bubblewrap's nested namespaces).
+    assert result.stdout.split() in (["/dev/null", "/dev/null"], ["PermissionError", "PermissionError"]), result
+
+
+async def test_orphans_are_reaped_so_their_pids_come_back(executor: Executor) -> None:
+    code = """
+    import os, time
+    for _ in range(30):
+        if os.fork() == 0:
+            if os.fork() == 0:
+                os._exit(0)  # exits after its parent: an orphan, reparented to PID 1
+            os._exit(0)
+        os.wait()
+
+    def zombies():
+        found = 0
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    found += stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+            except (OSError, IndexError):
+                pass
+        return found
+
+    deadline = time.monotonic() + 20
+    while zombies() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print(zombies())
+    """
+    result = await executor.execute(textwrap.dedent(code), timeout=60)
+    assert result.stdout == "0\n", result
+
+
+async def test_nothing_of_a_program_runs_on_after_it_while_its_files_are_read(registry: SessionRegistry) -> None:
+    session = await registry.create("javascript", [])
+    spawn = textwrap.dedent(
+        """
+        const { spawn } = require("child_process");
+        spawn("sleep", ["4242"], { detached: true, stdio: "ignore" }).unref();
+        const fs = require("fs");
+        fs.mkdirSync(process.env.OUTPUT_DIR, { recursive: true });
+        fs.writeFileSync(process.env.OUTPUT_DIR + "/out.txt", "done");
+        """
+    )
+    first = await registry.execute(session.id, spawn, [], 60)
+    assert first.exit_code == 0 and [a.name for a in first.artifacts] == ["out.txt"], first
+    check = textwrap.dedent(
+        """
+        const fs = require("fs");
+        const alive = fs.readdirSync("/proc").filter((p) => /^\\d+$/.test(p)).filter((p) => {
+          try { return fs.readFileSync(`/proc/${p}/cmdline`, "utf8").includes("4242"); } catch { return false; }
+        });
+        console.log(alive.length);
+        """
+    )
+    second = await registry.execute(session.id, check, [], 60)
+    assert second.stdout == "0\n", second
