@@ -19,6 +19,7 @@ from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxError
 from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.sessions import SessionRegistry
 from tests.engines import kube
 
 ENGINES = ("docker", "podman", "bubblewrap", "kubernetes")
@@ -153,3 +154,12 @@ async def backend(request: pytest.FixtureRequest, engine: str) -> AsyncIterator[
 async def executor(backend: RecordingBackend, engine: str) -> AsyncIterator[Executor]:
     async with Executor(engine_settings(engine), backend) as executor:
         yield executor
+
+
+@pytest.fixture
+async def registry(executor: Executor) -> AsyncIterator[SessionRegistry]:
+    sessions = SessionRegistry(executor.settings, executor)
+    try:
+        yield sessions
+    finally:
+        await sessions.aclose()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -15,15 +14,6 @@ from llm_sandbox_mcp.sessions import Session, SessionRegistry
 from tests.engines.conftest import RecordingBackend, engine_settings
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def registry(executor: Executor) -> AsyncIterator[SessionRegistry]:
-    sessions = SessionRegistry(executor.settings, executor)
-    try:
-        yield sessions
-    finally:
-        await sessions.aclose()
 
 
 async def cell(registry: SessionRegistry, session: Session, code: str, timeout: float = 30) -> tuple[str, str]:

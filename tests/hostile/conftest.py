@@ -4,3 +4,4 @@ from tests.engines.conftest import backend as backend
 from tests.engines.conftest import engine as engine
 from tests.engines.conftest import executor as executor
 from tests.engines.conftest import kube_double_stopped as kube_double_stopped
+from tests.engines.conftest import registry as registry

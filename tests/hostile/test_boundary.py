@@ -6,7 +6,6 @@ sandbox where it can, and that the server still answers the next call."""
 from __future__ import annotations
 
 import textwrap
-from collections.abc import AsyncIterator
 
 import anyio
 import pytest
@@ -27,15 +26,6 @@ for i in range(2):
     while view:
         view = view[os.write(fd, view):]
 """
-
-
-@pytest.fixture
-async def registry(executor: Executor) -> AsyncIterator[SessionRegistry]:
-    sessions = SessionRegistry(executor.settings, executor)
-    try:
-        yield sessions
-    finally:
-        await sessions.aclose()
 
 
 async def still_answers(executor: Executor) -> None:
