@@ -6,6 +6,7 @@ import json
 
 from mcp.client import ClientSession
 from mcp_types import (
+    SERVER_INFO_META_KEY,
     CallToolResult,
     ClientCapabilities,
     Implementation,
@@ -16,7 +17,7 @@ from mcp_types import (
     TextContent,
     Tool,
 )
-from mcp_types.version import is_version_at_least
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS, is_version_at_least
 
 TOOLS = {
     "execute_code",
@@ -62,8 +63,13 @@ def check_tools(tools: list[Tool], version: str) -> None:
 
 
 def check_printed_1(result: CallToolResult, version: str) -> None:
-    """The result of `print(1)`: the JSON text every client reads, and the same object as structured content."""
+    """The result of `print(1)`: the JSON text every client reads, and the same object as structured content.
+
+    The server stamps its identity on results of the 2026-07-28 generation only: evidence, from the server's
+    side, of the generation that served the call.
+    """
     assert not result.is_error
+    assert (SERVER_INFO_META_KEY in (result.meta or {})) == (version in MODERN_PROTOCOL_VERSIONS)
     first = result.content[0]
     assert isinstance(first, TextContent)
     payload = json.loads(first.text)
