@@ -23,6 +23,7 @@ from llm_sandbox_mcp.results import (
     download_result,
     tool_errors,
 )
+from llm_sandbox_mcp.sessions import lifetime
 from llm_sandbox_mcp.state import AppState
 
 SessionId = Annotated[str, Field(description="Id returned by create_session", max_length=64)]
@@ -36,7 +37,9 @@ def register_session_tools(server: MCPServer[Any], state: AppState) -> None:
         description=(
             "Start a session: a sandbox kept between execute_code calls (pass its session_id). Python keeps "
             "variables, imports and figures like a notebook; other languages keep files. Libraries are installed "
-            "now (sessions have no network later). Sessions expire when idle; close them when done."
+            f"now (sessions have no network later). A session {lifetime(state.settings)}, and does not survive a "
+            "server restart; a call with a session_id that is gone is an error: create a new session. Close "
+            "sessions when done."
         ),
         title="Create session",
         # Open world: `libraries` are downloaded from package registries.

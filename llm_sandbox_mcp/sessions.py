@@ -28,6 +28,21 @@ _USAGE = (
 )
 
 
+def duration(seconds: float) -> str:
+    """Seconds as a person says them: 8 h, 1.5 h, 30 min, 90 s."""
+    if seconds >= 3600 and seconds % 360 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60 and seconds % 6 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
+
+
+def lifetime(settings: Settings) -> str:
+    """How long a session lives, for the model that creates one: it cannot ask."""
+    idle, most = settings.sandbox_session_idle_ttl, settings.sandbox_session_max_lifetime
+    return f"expires after {duration(idle)} idle, {duration(most)} at most"
+
+
 @dataclass
 class Session:
     id: str
@@ -126,12 +141,15 @@ class SessionRegistry:
     def get(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
         if session is None:
-            why = self._why_gone.get(session_id, "it does not exist")
-            raise SandboxNotFound(
-                f"Session {session_id!r} is not available: {why}. Create a new one with create_session "
-                "(state from the old one is gone)."
-            )
+            raise self._gone(session_id)
         return session
+
+    def _gone(self, session_id: str) -> SandboxNotFound:
+        why = self._why_gone.get(session_id, "this server has no session with that id (none survive a restart)")
+        return SandboxNotFound(
+            f"Session {session_id!r} is gone: {why}. Create a new one with create_session; "
+            "none of its variables or files are kept."
+        )
 
     def list(self) -> list[Session]:
         return sorted(self._sessions.values(), key=lambda session: session.created)
@@ -167,7 +185,7 @@ class SessionRegistry:
             )
         async with session.lock, self.executor.limiter:
             if session.id not in self._sessions:
-                raise SandboxNotFound(f"Session {session.id!r} was closed while this call waited")
+                raise self._gone(session.id)
             execution = await self.executor.run(session.lease, program, session.cell)
             session.last_used = time.monotonic()
         execution.session_id = session.id
@@ -176,14 +194,13 @@ class SessionRegistry:
     async def reap(self) -> int:
         """Close sessions past their idle TTL, and those past their maximum lifetime even mid-call; return how many."""
         now = time.monotonic()
+        idle, most = self.settings.sandbox_session_idle_ttl, self.settings.sandbox_session_max_lifetime
         expired: list[tuple[str, str]] = []
         for session in self._sessions.values():
-            if now - session.created > self.settings.sandbox_session_max_lifetime:
-                expired.append(
-                    (session.id, f"it reached its maximum lifetime of {self.settings.sandbox_session_max_lifetime:g} s")
-                )
-            elif not session.lock.locked() and now - session.last_used > self.settings.sandbox_session_idle_ttl:
-                expired.append((session.id, f"it expired after {self.settings.sandbox_session_idle_ttl:g} s idle"))
+            if now - session.created > most:
+                expired.append((session.id, f"it reached its maximum lifetime of {duration(most)}"))
+            elif not session.lock.locked() and now - session.last_used > idle:
+                expired.append((session.id, f"it expired after {duration(idle)} idle"))
         for session_id, why in expired:
             await self._discard(session_id, why)
         return len(expired)

@@ -12,6 +12,7 @@ from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.server import build_server
 from llm_sandbox_mcp.sessions import SessionRegistry
+from llm_sandbox_mcp.state import AppState
 from tests.support.fakes import Call, FakeBackend, ok
 
 pytestmark = pytest.mark.anyio
@@ -93,6 +94,60 @@ async def test_idle_sessions_expire_and_say_why() -> None:
         with pytest.raises(Exception, match="expired after 0.01 s idle"):
             registry.get(session.id)
     assert backend.destroyed == ["fake-1"]
+
+
+async def test_create_session_states_the_lifetime_the_operator_configured() -> None:
+    for settings, lifetime in (
+        (Settings(), "expires after 30 min idle, 8 h at most"),
+        (Settings(sandbox_session_idle_ttl=90, sandbox_session_max_lifetime=5400), "after 1.5 min idle, 1.5 h at most"),
+    ):
+        async with Client(build_server(settings, FakeBackend())) as client:
+            tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        description = tools["create_session"].description
+        assert description is not None and lifetime in description and "create a new session" in description
+
+
+@pytest.mark.parametrize(
+    ("age", "why"),
+    [("last_used", "it expired after 30 min idle"), ("created", "it reached its maximum lifetime of 8 h")],
+)
+async def test_every_call_with_an_expired_session_is_an_error_that_says_to_create_a_new_one(age: str, why: str) -> None:
+    settings = Settings(sandbox_pool_size=0)
+    state = AppState(settings)
+    backend = FakeBackend()
+    async with Client(build_server(settings, backend, state)) as client:
+        session_id = _payload(await client.call_tool("create_session", {}))["session_id"]
+        session = state.sessions.get(session_id)
+        # Backdated rather than slept through: the reaper's decision, without waiting for the clock.
+        setattr(session, age, getattr(session, age) - settings.sandbox_session_max_lifetime - 1)
+        assert await state.sessions.reap() == 1
+        assert backend.destroyed == ["fake-1"]
+        calls = {
+            "execute_code": {"code": "1"},
+            "upload_file": {"path": "a.txt", "content": "a"},
+            "download_file": {"path": "a.txt"},
+            "list_files": {},
+        }
+        for name, arguments in calls.items():
+            result = await client.call_tool(name, {"session_id": session_id, **arguments})
+            assert result.is_error, name
+            assert _text(result).endswith(
+                f"Session {session_id!r} is gone: {why}. Create a new one with create_session; "
+                "none of its variables or files are kept."
+            ), name
+        listed = _payload(await client.call_tool("list_sessions", {}))["sessions"]
+        closed = await client.call_tool("close_session", {"session_id": session_id})
+    assert listed == []
+    assert not closed.is_error  # closing is idempotent: the session is closed, as asked
+
+
+async def test_an_unknown_session_id_is_an_error_that_says_to_create_a_new_one() -> None:
+    async with Client(build_server(Settings(), FakeBackend())) as client:
+        for name, arguments in (("execute_code", {"code": "1"}), ("list_files", {}), ("close_session", {})):
+            result = await client.call_tool(name, {"session_id": "s-0123456789abcdef", **arguments})
+            assert result.is_error, name
+            assert "is gone: this server has no session with that id" in _text(result), name
+            assert "Create a new one with create_session" in _text(result), name
 
 
 async def test_libraries_must_be_given_at_creation() -> None:
