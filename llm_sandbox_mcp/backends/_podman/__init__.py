@@ -257,8 +257,9 @@ class PodmanEngine:
             inspected.raise_for_status()
             pid = init_pid(self._top(container_id), int(inspected.json()["State"]["Pid"]))
             settled = kill_from_outside(lambda: self._signal(container_id), lambda: self._top(container_id), pid)
-        except APIError as exc:
-            logger.warning("Could not kill the processes in %s (%s); removing it", container_id[:12], detail(exc))
+        except Exception as exc:  # any failure to prove the kill: the sandbox goes instead
+            why = detail(exc) if isinstance(exc, APIError) else exc
+            logger.warning("Could not kill the processes in %s (%s); removing it", container_id[:12], why)
             settled = False
         if not settled:
             self.remove(container_id)
