@@ -116,6 +116,8 @@ class Settings(BaseSettings):
     sandbox_k8s_node_selector: KeyValues = Field(default_factory=lambda: {})
     sandbox_k8s_pod_template: Path | None = None
     sandbox_k8s_seccomp_profile: str | None = None
+    sandbox_k8s_allow_no_network_policy: bool = False
+    sandbox_k8s_host_users: bool = True
     sandbox_k8s_start_timeout: PositiveFloat = 120.0
     sandbox_k8s_cache_size: Size = 2 * 1024**3
     sandbox_k8s_cache_storage_class: str | None = None

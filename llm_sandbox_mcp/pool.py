@@ -7,6 +7,7 @@ and `release` disposes of the used one in the background.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from types import TracebackType
@@ -36,12 +37,15 @@ class Pool(Generic[K, T]):
         dispose: Callable[[T], Awaitable[None]],
         size: int,
         max_keys: int = 4,
+        max_age: float = 3600.0,
     ) -> None:
         self._make = make
         self._dispose = dispose
         self._size = size
         self._max_keys = max_keys
-        self._ready: OrderedDict[K, list[T]] = OrderedDict()
+        # An item older than this is not handed out: an engine may have ended it meanwhile (a pod's deadline).
+        self._max_age = max_age
+        self._ready: OrderedDict[K, list[tuple[float, T]]] = OrderedDict()
         self._making: dict[K, int] = {}
         self._tasks: TaskGroup | None = None
         self._closed = False
@@ -60,7 +64,7 @@ class Pool(Generic[K, T]):
         await self._tasks.__aexit__(exc_type, exc, tb)
         with anyio.CancelScope(shield=True):
             for items in self._ready.values():
-                for item in items:
+                for _, item in items:
                     await self._dispose(item)
             self._ready.clear()
 
@@ -91,19 +95,25 @@ class Pool(Generic[K, T]):
             with anyio.CancelScope(shield=True):
                 await self._dispose(item)
             return
-        self._ready[key].append(item)
+        self._ready[key].append((time.monotonic(), item))
 
     def _evict(self) -> None:
         while len(self._ready) > self._max_keys:
             _, items = self._ready.popitem(last=False)
-            for item in items:
+            for _, item in items:
                 if self._tasks is not None:
                     self._tasks.start_soon(self._shielded_dispose, item)
 
     async def acquire(self, key: K) -> T:
         """A fresh item for `key`; the pool refills behind it."""
-        items = self._ready.get(key)
-        item = items.pop(0) if items else None
+        items = self._ready.get(key) or []
+        item: T | None = None
+        while items and item is None:
+            made, candidate = items.pop(0)
+            if time.monotonic() - made <= self._max_age:
+                item = candidate
+            elif self._tasks is not None:
+                self._tasks.start_soon(self._shielded_dispose, candidate)
         self.warm(key)
         if item is None:
             item = await self._make(key, False)

@@ -261,9 +261,7 @@ async def test_the_deny_all_network_policy_is_created_at_first_use(
     assert f"NetworkPolicy {POLICY_NAME} in place" in description
 
 
-async def test_without_rights_on_network_policies_a_warning_is_logged_once_and_sandboxes_still_start(
-    backend: Threaded, namespace: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
+def _forbid_network_policies(backend: Threaded, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = backend.engine
     assert isinstance(engine, KubernetesEngine)
     real_call = engine._call  # pyright: ignore[reportPrivateUsage]
@@ -274,12 +272,49 @@ async def test_without_rights_on_network_policies_a_warning_is_logged_once_and_s
         return real_call(api, method, *args, **kwargs)
 
     monkeypatch.setattr(engine, "_call", forbidden)
-    with caplog.at_level(logging.WARNING):
-        first = await backend.create(spec(namespace))
+
+
+async def test_without_the_network_policy_sandboxes_meant_to_have_no_network_are_refused(
+    backend: Threaded, namespace: str, monkeypatch: pytest.MonkeyPatch, core: Any
+) -> None:
+    _forbid_network_policies(backend, monkeypatch)
+    with pytest.raises(SandboxFailure, match="SANDBOX_K8S_ALLOW_NO_NETWORK_POLICY=true") as refused:
         await backend.create(spec(namespace))
-    warnings = [r.getMessage() for r in caplog.records if "NetworkPolicy" in r.getMessage()]
-    assert len(warnings) == 1 and "default network" in warnings[0] and "Role in the README" in warnings[0]
-    assert (await backend.exec(first, ["true"], timeout=30)).exit_code == 0
+    assert "Role in the README" in str(refused.value)
+    assert read(core.list_namespaced_pod, namespace)["items"] == []
+    # A sandbox given network on purpose (a library installer) does not depend on the policy.
+    installer = await backend.create(spec(namespace, sandbox_network_mode="bridge"))
+    assert (await backend.exec(installer, ["true"], timeout=30)).exit_code == 0
+
+
+async def test_an_operator_who_accepts_the_clusters_network_is_warned_once_and_sandboxes_start(
+    namespace: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = load_backend("kubernetes", settings(namespace, sandbox_k8s_allow_no_network_policy=True))
+    assert isinstance(backend, Threaded)
+    try:
+        _forbid_network_policies(backend, monkeypatch)
+        with caplog.at_level(logging.WARNING):
+            first = await backend.create(spec(namespace))
+            await backend.create(spec(namespace))
+        warnings = [r.getMessage() for r in caplog.records if "NetworkPolicy" in r.getMessage()]
+        assert len(warnings) == 1 and "default network" in warnings[0] and "Role in the README" in warnings[0]
+        assert (await backend.exec(first, ["true"], timeout=30)).exit_code == 0
+    finally:
+        await backend.aclose()
+
+
+async def test_sandbox_pods_end_at_their_deadline_and_can_ask_for_their_own_user_namespace(
+    namespace: str, core: Any
+) -> None:
+    backend = load_backend("kubernetes", settings(namespace, sandbox_k8s_host_users=False))
+    try:
+        ref = await backend.create(spec(namespace))
+        pod = read(core.read_namespaced_pod, ref.id, namespace)
+        assert pod["spec"]["activeDeadlineSeconds"] >= 24 * 3600
+        assert pod["spec"]["hostUsers"] is False
+    finally:
+        await backend.aclose()
 
 
 @pytest.mark.parametrize("code", [0, 3, 137])

@@ -62,8 +62,12 @@ class KubernetesEngine:
         claim: CacheClaim,
         start_timeout: float,
         ttl_seconds: float,
+        allow_no_network_policy: bool = False,
     ) -> None:
         self.namespace = namespace
+        self._allow_no_policy = allow_no_network_policy
+        # Why the deny-all NetworkPolicy could not be made, if it could not.
+        self._policy_problem: str | None = None
         self._kubeconfig = kubeconfig
         self._pod_options = pod_options
         self._claim = claim
@@ -97,6 +101,12 @@ class KubernetesEngine:
 
     def create(self, spec: SandboxSpec, track: Callable[[str], None]) -> str:
         self._ensure_policy()
+        if spec.limits.network_mode == "none" and self._policy_problem is not None and not self._allow_no_policy:
+            raise SandboxFailure(
+                f"Kubernetes sandboxes have no network only through the NetworkPolicy {POLICY_NAME}, which could not "
+                f"be created in namespace {self.namespace} ({self._policy_problem}); {_RBAC_HINT}. An operator who "
+                "accepts sandboxes on the cluster's network can set SANDBOX_K8S_ALLOW_NO_NETWORK_POLICY=true."
+            )
         if spec.cache is not None and spec.cache.writable:
             self._ensure_claim(spec.cache.key)
         name = f"llm-sandbox-{_owner.INSTANCE_ID}-{secrets.token_hex(4)}"
@@ -146,7 +156,7 @@ class KubernetesEngine:
             raise SandboxFailure(f"The sandbox pod {name} disappeared while it started: {exc.message}") from exc
 
     def _ensure_policy(self) -> None:
-        """Create the deny-all NetworkPolicy once; when RBAC refuses, warn once: pods get the cluster's network."""
+        """Create the deny-all NetworkPolicy once; when RBAC refuses, say so once and remember why."""
         with self._policy_lock:
             if self._policy_ensured:
                 return
@@ -154,12 +164,15 @@ class KubernetesEngine:
                 self._call("networking", "create_namespaced_network_policy", self.namespace, network_policy())
             except ApiFailure as exc:
                 if exc.status in (401, 403, 404):
+                    self._policy_problem = exc.message
                     logger.warning(
-                        "Could not create the NetworkPolicy %s in namespace %s (%s). Sandbox pods get the "
-                        "cluster's default network unless a policy denies it; %s.",
+                        "Could not create the NetworkPolicy %s in namespace %s (%s). %s; %s.",
                         POLICY_NAME,
                         self.namespace,
                         exc.message,
+                        "Sandbox pods get the cluster's default network (SANDBOX_K8S_ALLOW_NO_NETWORK_POLICY=true)"
+                        if self._allow_no_policy
+                        else "Sandboxes without network are refused until it exists",
                         _RBAC_HINT,
                     )
                 elif exc.status != 409:
@@ -319,20 +332,28 @@ def from_settings(settings: Settings) -> Threaded:
     except ValueError as exc:
         raise BackendUnavailable(str(exc)) from exc
     profile = settings.sandbox_k8s_seccomp_profile
+    ttl = max(_MIN_TTL, settings.sandbox_session_max_lifetime + 3600)
     options = PodOptions(
         settings.sandbox_k8s_runtime_class,
         dict(settings.sandbox_k8s_node_selector),
         template,
         profile.removeprefix("localhost/") if profile else None,
+        active_deadline=int(ttl),
+        host_users=settings.sandbox_k8s_host_users,
     )
     claim = CacheClaim(
         settings.sandbox_k8s_cache_size,
         settings.sandbox_k8s_cache_storage_class,
         settings.sandbox_k8s_cache_access_mode,
     )
-    ttl = max(_MIN_TTL, settings.sandbox_session_max_lifetime + 3600)
     return Threaded(
         KubernetesEngine(
-            settings.kubeconfig, settings.namespace, options, claim, settings.sandbox_k8s_start_timeout, ttl
+            settings.kubeconfig,
+            settings.namespace,
+            options,
+            claim,
+            settings.sandbox_k8s_start_timeout,
+            ttl,
+            settings.sandbox_k8s_allow_no_network_policy,
         )
     )

@@ -48,6 +48,10 @@ class PodOptions:
     template: Json | None = None
     # The project's seccomp profile installed on the nodes: a path under the kubelet's seccomp directory.
     seccomp_profile: str | None = None
+    # The cluster ends a pod this long after it started, whatever happens to the server that made it.
+    active_deadline: int | None = None
+    # False: the pod gets a user namespace of its own (Kubernetes 1.30+ with a runtime that supports it).
+    host_users: bool = True
 
 
 def security_context(options: Sequence[str]) -> Json:
@@ -167,6 +171,10 @@ def pod_manifest(
     }
     for host_field in _HOST_FIELDS:
         pod_spec[host_field] = False
+    if options.active_deadline is not None:
+        pod_spec["activeDeadlineSeconds"] = options.active_deadline
+    if not options.host_users:
+        pod_spec["hostUsers"] = False
     if options.runtime_class:
         pod_spec["runtimeClassName"] = options.runtime_class
     if options.node_selector:

@@ -24,7 +24,10 @@ What it implements:
   pod and container securityContext (user/group, supplementalGroups/fsGroup, runAsNonRoot, read-only
   root, capabilities, no-new-privileges, privileged, seccomp: `Localhost` profiles are read from the
   `seccomp_root` directory, as a kubelet reads its own), CPU/memory limits, emptyDir (tmpfs sized
-  by sizeLimit) and PVC volumes, runtimeClassName (only the configured classes start).
+  by sizeLimit) and PVC volumes, runtimeClassName (only the configured classes start),
+  `activeDeadlineSeconds` (the container is killed and the pod fails with `DeadlineExceeded`, counted from
+  the pod's start as a kubelet does). `hostUsers` is validated and stored without effect (the double's
+  containers share Docker's user namespace).
 - core/v1 persistentvolumeclaims (create, get, list, delete) backed by Docker named volumes (Bound at
   once, protected from deletion while a pod uses them); networking.k8s.io/v1 networkpolicies (create,
   get, list): a policy that selects pods (`matchLabels`) for Egress gives them Docker network "none",
@@ -40,7 +43,7 @@ What it deliberately does not serve, and how it answers:
 
 - 404 NotFound: discovery other than `/version`, namespaces, `pods/log`, any other resource.
 - 405 MethodNotAllowed: delete collection, update and patch, deleting a network policy.
-- 422 Invalid: `generateName`, init containers, `activeDeadlineSeconds`, multi-container pods, volume
+- 422 Invalid: `generateName`, init containers, multi-container pods, volume
   types other than emptyDir and persistentVolumeClaim, container `stdin`/`tty`, network policy rules
   and `matchExpressions`, and graceful deletion (a grace period other than 0).
 - 400 BadRequest: other selector forms and field labels; exec with `tty` or over older protocols.

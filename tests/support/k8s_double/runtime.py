@@ -310,6 +310,7 @@ class DockerKubelet:
 
         if not self._update(runtime, bind):
             return
+        bound_at = time.monotonic()
         runtime_class = spec.get("runtimeClassName")
         if runtime_class and runtime_class not in self._runtime_classes:
             message = (
@@ -332,7 +333,16 @@ class DockerKubelet:
         if result is None:
             return
         container_id, started_at = result
-        exit_code, reason = await self._wait(container_id)
+        deadline = spec.get("activeDeadlineSeconds")
+        try:
+            # The kubelet counts the deadline from the pod's start, and then kills it, whatever runs in it.
+            remaining = None if deadline is None else max(0.0, bound_at + deadline - time.monotonic())
+            exit_code, reason = await asyncio.wait_for(self._wait(container_id), remaining)
+        except asyncio.TimeoutError:
+            await self._run_sync(_ignore_gone, self._api.kill, container_id)
+            if not runtime.deleted:
+                self._update(runtime, _deadline_exceeded)
+            return
         if runtime.deleted:
             return
         state = _terminated(exit_code, reason, started_at, container_id)
@@ -548,6 +558,16 @@ def _set_status(
         pod["status"]["phase"] = "Running"
         for type_ in ("Ready", "ContainersReady"):
             _set_condition(pod, _condition(type_, True))
+
+
+def _deadline_exceeded(pod: JsonObj) -> None:
+    pod["status"].update(
+        phase="Failed",
+        reason="DeadlineExceeded",
+        message="Pod was active on the node longer than the specified deadline",
+    )
+    for type_ in ("Ready", "ContainersReady"):
+        _set_condition(pod, _condition(type_, False, "PodFailed"))
 
 
 def _finish(pod: JsonObj, *, state: JsonObj, phase: str) -> None:

@@ -2,7 +2,7 @@
 
 Only the rules a sandbox backend can trip over are implemented: names, labels, the pod fields the
 double runs, quantities, and the security-context combinations the API server rejects. Valid fields the
-double does not run (`generateName`, init containers, `activeDeadlineSeconds`, volume types other than
+double does not run (`generateName`, init containers, volume types other than
 emptyDir and persistentVolumeClaim, container `stdin`/`tty`, network policy rules and `matchExpressions`)
 are refused as 422 Forbidden, never ignored.
 """
@@ -35,7 +35,7 @@ LABEL_MESSAGE = (
 SUPPORTED_VOLUMES = ("emptyDir", "persistentVolumeClaim")
 UNSUPPORTED = "not supported by the k8s test double"
 # Valid Kubernetes the double does not run, refused rather than ignored (the backend sends none of them).
-_UNSERVED_POD_FIELDS = ("initContainers", "activeDeadlineSeconds")
+_UNSERVED_POD_FIELDS = ("initContainers",)
 _UNSERVED_CONTAINER_FIELDS = ("stdin", "tty")
 
 
@@ -205,6 +205,11 @@ def _pod_errors(spec: JsonObj) -> list[FieldError]:
     elif len(containers) > 1:
         errors.append(FieldError.forbidden("spec.containers", "the k8s test double runs exactly one container per pod"))
     errors += [FieldError.forbidden(f"spec.{name}", UNSUPPORTED) for name in _UNSERVED_POD_FIELDS if name in spec]
+    deadline = spec.get("activeDeadlineSeconds")
+    if deadline is not None and (type(deadline) is not int or deadline <= 0):
+        errors.append(FieldError.invalid("spec.activeDeadlineSeconds", deadline, "must be greater than 0"))
+    if "hostUsers" in spec and type(spec["hostUsers"]) is not bool:
+        errors.append(FieldError.invalid("spec.hostUsers", spec["hostUsers"], "must be a boolean"))
     if spec.get("restartPolicy") not in ("Always", "OnFailure", "Never"):
         errors.append(
             FieldError.unsupported(

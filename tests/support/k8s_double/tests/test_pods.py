@@ -132,7 +132,7 @@ def test_creating_a_pod_twice_is_409_already_exists(
         pytest.param({"restartPolicy": "Sometimes"}, "spec.restartPolicy", id="restart-policy"),
         pytest.param({"extra_container": True}, "spec.containers", id="second-container"),
         pytest.param({"initContainers": [{"name": "i", "image": "x"}]}, "spec.initContainers", id="init-container"),
-        pytest.param({"activeDeadlineSeconds": 60}, "spec.activeDeadlineSeconds", id="active-deadline"),
+        pytest.param({"activeDeadlineSeconds": 0}, "spec.activeDeadlineSeconds", id="active-deadline-zero"),
         pytest.param(
             {"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}, "spec.volumes[0].hostPath", id="host-path-volume"
         ),
@@ -182,6 +182,23 @@ def test_run_as_non_root_without_run_as_user_stays_pending_with_create_container
     waiting = pod.status.container_statuses[0].state.waiting
     assert waiting is not None and waiting.message is not None
     assert "container has runAsNonRoot and image will run as root" in waiting.message
+
+
+def test_a_pod_past_its_active_deadline_fails_and_its_container_is_killed(
+    core: client.CoreV1Api, namespace: str, make_pod: PodFactory, docker_client: docker.DockerClient
+) -> None:
+    manifest = make_pod("deadline", command=["sleep", "300"])
+    manifest["spec"]["activeDeadlineSeconds"] = 2
+    core.create_namespaced_pod(namespace, model(client.V1Pod, manifest))
+
+    failed = wait_for_pod(core, namespace, "deadline", phase_is("Failed", "Succeeded"))
+
+    assert failed.status is not None and failed.status.phase == "Failed"
+    assert failed.status.reason == "DeadlineExceeded"
+    statuses = failed.status.container_statuses or []
+    container_id = statuses[0].container_id if statuses else None
+    assert container_id is not None
+    assert docker_client.containers.get(container_id.removeprefix("docker://")).status != "running"
 
 
 def test_missing_image_reports_err_image_pull(core: client.CoreV1Api, namespace: str, make_pod: PodFactory) -> None:
