@@ -5,6 +5,7 @@ One field per environment variable, named after it, so a validation error names 
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Literal, get_args
@@ -100,6 +101,7 @@ class Settings(BaseSettings):
     sandbox_user: str = SANDBOX_USER
     sandbox_pool_size: int = Field(default=2, ge=0, le=16)
     sandbox_max_concurrency: PositiveInt = 4
+    sandbox_memory_budget: Size | None = None
     sandbox_install_network_mode: str | None = None
     sandbox_install_ca_bundle: Path | None = None
     sandbox_pip_index_url: str | None = None
@@ -166,6 +168,12 @@ class Settings(BaseSettings):
         if self.sandbox_user.split(":")[0] == "0":
             raise ValueError("SANDBOX_USER must not be root (uid 0); user code never runs as root")
         return self
+
+    def memory_budget(self) -> int:
+        """SANDBOX_MEMORY_BUDGET, else three quarters of this host's memory."""
+        if self.sandbox_memory_budget is not None:
+            return self.sandbox_memory_budget
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
 
     def image_for(self, language: str) -> str:
         image: str = getattr(self, f"sandbox_image_{language}")

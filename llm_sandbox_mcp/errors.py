@@ -8,7 +8,8 @@ SandboxError                 base; str(e) is what the client reads
 ├── InstallFailed            a library install failed; carries the installer's output
 ├── SandboxNotFound          unknown, expired or closed sandbox or session
 ├── FileTransferError        a path outside the workspace, a missing file, a size cap
-└── SandboxFailure           the engine failed while running a sandbox
+├── SandboxFailure           the engine failed while running a sandbox
+└── OverBudget               the sandboxes of this server hold all the memory it may give them
 """
 
 from __future__ import annotations
@@ -52,3 +53,7 @@ class FileTransferError(SandboxError):
 
 class SandboxFailure(SandboxError):
     """The engine failed while creating or running a sandbox."""
+
+
+class OverBudget(SandboxError):
+    """Another sandbox would pass the server's memory budget (SANDBOX_MEMORY_BUDGET)."""

@@ -15,6 +15,7 @@ import anyio.to_thread
 
 from llm_sandbox_mcp.artifacts import Artifact, collect
 from llm_sandbox_mcp.backends import Backend
+from llm_sandbox_mcp.budget import MemoryBudget
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import InvalidRequest
 from llm_sandbox_mcp.kernel import Kernel
@@ -78,6 +79,8 @@ class Lease:
     ref: SandboxRef
     language: Language
     kernel: Kernel | None = None
+    # What this sandbox holds of the server's memory budget.
+    charged: int = 0
 
 
 def _decode(data: bytes) -> str:
@@ -94,7 +97,8 @@ class Executor:
         self.settings = settings
         self.backend = backend
         self.limits = settings.limits()
-        self.libraries = LibraryCache(settings, backend, self.limits)
+        self.budget = MemoryBudget(settings.memory_budget())
+        self.libraries = LibraryCache(settings, backend, self.limits, self.budget)
         self.pool: Pool[WarmKey, Lease] = Pool(self._make_lease, self._dispose_lease, settings.sandbox_pool_size)
         self.limiter = anyio.CapacityLimiter(settings.sandbox_max_concurrency)
 
@@ -213,12 +217,18 @@ class Executor:
         return text.splitlines()[0] if text else "unknown"
 
     async def _make_lease(self, key: WarmKey, ahead: bool) -> Lease:
-        lease = Lease(await self.backend.create(key.spec), get_language(key.language))
+        charge = key.spec.limits.memory_bytes
+        self.budget.reserve(charge, "a warm sandbox" if ahead else "a sandbox")
+        try:
+            lease = Lease(await self.backend.create(key.spec), get_language(key.language), charged=charge)
+        except BaseException:
+            self.budget.release(charge)
+            raise
         try:
             await self._start_kernel(lease, preload=ahead)
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await self.backend.destroy(lease.ref)
+                await self._dispose_lease(lease)
             raise
         return lease
 
@@ -237,9 +247,13 @@ class Executor:
         return True
 
     async def _dispose_lease(self, lease: Lease) -> None:
-        if lease.kernel is not None:
-            await lease.kernel.aclose()
-        await self.backend.destroy(lease.ref)
+        try:
+            if lease.kernel is not None:
+                await lease.kernel.aclose()
+            await self.backend.destroy(lease.ref)
+        finally:
+            self.budget.release(lease.charged)
+            lease.charged = 0
 
     def _shape(self, lang: Language, result: ExecResult, seconds: float, lost: bool) -> Execution:
         phase = "run"

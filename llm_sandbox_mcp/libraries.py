@@ -14,6 +14,7 @@ from dataclasses import replace
 import anyio
 
 from llm_sandbox_mcp.backends import Backend
+from llm_sandbox_mcp.budget import MemoryBudget
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import InstallFailed, SandboxFailure
 from llm_sandbox_mcp.languages import Language, install_env, sandbox_env
@@ -41,10 +42,11 @@ def _decode(data: bytes) -> str:
 class LibraryCache:
     """Library stores on one backend; each is installed at most once per server."""
 
-    def __init__(self, settings: Settings, backend: Backend, limits: Limits) -> None:
+    def __init__(self, settings: Settings, backend: Backend, limits: Limits, budget: MemoryBudget) -> None:
         self.settings = settings
         self.backend = backend
         self.limits = limits
+        self.budget = budget
         self._locks: defaultdict[str, anyio.Lock] = defaultdict(anyio.Lock)
         self._ready: set[str] = set()
 
@@ -77,25 +79,29 @@ class LibraryCache:
                 cpus=max(self.limits.cpus, 2.0),
             )
             spec = SandboxSpec(self.settings.image_for(lang.name), install_limits, CacheMount(key, writable=True))
-            try:
-                ref = await self.backend.create(spec)
-            except SandboxFailure as exc:
-                raise InstallFailed(
-                    f"Could not start the library installer: {exc}. Its network is "
-                    f"SANDBOX_INSTALL_NETWORK_MODE={install_limits.network_mode!r}; set it to a network this engine "
-                    "has (e.g. 'host' when the engine has no bridge network)."
-                ) from exc
-            try:
-                await self._install(ref, lang, specs)
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await self.backend.destroy(ref)
-                    await self.backend.drop_cache(key)
-                raise
-            with anyio.CancelScope(shield=True):
-                await self.backend.destroy(ref)
+            with self.budget.held(install_limits.memory_bytes, "a library installer"):
+                await self._install_in_sandbox(spec, lang, specs, key)
             self._ready.add(key)
             return key
+
+    async def _install_in_sandbox(self, spec: SandboxSpec, lang: Language, specs: list[str], key: str) -> None:
+        try:
+            ref = await self.backend.create(spec)
+        except SandboxFailure as exc:
+            raise InstallFailed(
+                f"Could not start the library installer: {exc}. Its network is "
+                f"SANDBOX_INSTALL_NETWORK_MODE={spec.limits.network_mode!r}; set it to a network this engine "
+                "has (e.g. 'host' when the engine has no bridge network)."
+            ) from exc
+        try:
+            await self._install(ref, lang, specs)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.backend.destroy(ref)
+                await self.backend.drop_cache(key)
+            raise
+        with anyio.CancelScope(shield=True):
+            await self.backend.destroy(ref)
 
     async def _install(self, ref: SandboxRef, lang: Language, specs: list[str]) -> None:
         check = await self.backend.exec(ref, ["test", "-f", _COMPLETE], timeout=30)
