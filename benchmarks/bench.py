@@ -27,6 +27,8 @@ from mcp.client.stdio import StdioServerParameters
 SCENARIOS: dict[str, dict[str, Any]] = {
     "print(1)": {"code": "print(1)"},
     "matplotlib plot": {"code": "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()"},
+    # A language without a warm interpreter: one exec, then everything killed from outside, then outputs read.
+    "JavaScript hello": {"code": "console.log(1)", "language": "javascript"},
 }
 
 
