@@ -1,0 +1,132 @@
+"""Resource bombs and escape attempts on every engine: each is contained (proven from inside the sandbox), and
+the server answers the next call."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from llm_sandbox_mcp.executor import Executor
+
+pytestmark = pytest.mark.anyio
+
+
+async def run(executor: Executor, code: str, language: str = "python", timeout: float = 60) -> tuple[str, str]:
+    result = await executor.execute(textwrap.dedent(code), language, timeout=timeout)
+    assert not result.timed_out, result
+    return result.stdout, result.stderr
+
+
+async def still_answers(executor: Executor) -> None:
+    after = await executor.execute("print(1)")
+    assert (after.exit_code, after.stdout) == (0, "1\n"), after
+
+
+async def test_a_disk_bomb_stops_at_the_workspace_and_tmp_sizes(executor: Executor) -> None:
+    code = """
+    import errno, os
+    block = b"\\0" * (1 << 20)
+    for directory in ("/workspace", "/tmp"):
+        written = 0
+        try:
+            with open(os.path.join(directory, "fill"), "wb") as handle:
+                while written < (8 << 30):
+                    handle.write(block)
+                    handle.flush()
+                    written += len(block)
+            outcome = "no limit"
+        except OSError as exc:
+            outcome = errno.errorcode.get(exc.errno, str(exc.errno))
+        print(directory, outcome, written >> 20)
+    """
+    stdout, _ = await run(executor, code)
+    limits = executor.limits
+    for line, ceiling in zip(stdout.splitlines(), (limits.workspace_bytes, limits.tmp_bytes), strict=True):
+        _, outcome, mib = line.split()
+        assert outcome in ("ENOSPC", "EFBIG", "EDQUOT"), line
+        assert int(mib) <= ceiling >> 20, line
+    await still_answers(executor)
+
+
+async def test_a_file_descriptor_bomb_stops_at_the_open_files_limit(executor: Executor) -> None:
+    code = """
+    import os
+    opened = []
+    try:
+        while len(opened) < 1_000_000:
+            opened.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError as exc:
+        print(len(opened), exc.errno)
+    """
+    stdout, _ = await run(executor, code)
+    count, error = stdout.split()
+    assert 0 < int(count) <= executor.limits.nofile and error == "24", stdout  # EMFILE
+    await still_answers(executor)
+
+
+async def test_a_thread_bomb_stops_at_the_pids_limit(executor: Executor) -> None:
+    code = """
+    import threading, time
+    started = 0
+    try:
+        while started < 100_000:
+            threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+            started += 1
+    except RuntimeError:
+        pass
+    print(started)
+    """
+    stdout, _ = await run(executor, code)
+    assert 0 < int(stdout) < executor.limits.pids, stdout
+    await still_answers(executor)
+
+
+async def test_raw_and_packet_sockets_devices_and_kernel_knobs_are_out_of_reach(executor: Executor) -> None:
+    code = """
+    import os, socket
+    def attempt(name, action):
+        try:
+            action()
+            print(name, "ALLOWED")
+        except OSError as exc:
+            print(name, "refused", exc.errno)
+    attempt("raw", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))
+    attempt("packet", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW))
+    for device in ("/dev/mem", "/dev/kmem", "/dev/kmsg", "/dev/sda", "/dev/vda", "/dev/nvme0n1"):
+        attempt(device, lambda: os.close(os.open(device, os.O_RDONLY)))
+    for knob in ("/proc/sys/kernel/hostname", "/proc/sys/vm/drop_caches", "/proc/sysrq-trigger"):
+        attempt(knob, lambda: open(knob, "w").write("1"))
+    print("devices", " ".join(sorted(os.listdir("/dev"))))
+    """
+    stdout, _ = await run(executor, code)
+    lines = stdout.splitlines()
+    assert not [line for line in lines if line.endswith("ALLOWED")], stdout
+    devices = set(lines[-1].split()[1:])
+    # Only the pseudo-devices a program needs: no disks, memory or kernel consoles.
+    assert not devices & {"mem", "kmem", "kmsg", "sda", "vda", "nvme0n1", "port"}, devices
+    await still_answers(executor)
+
+
+async def test_links_in_the_outputs_never_bring_back_files_from_outside(executor: Executor) -> None:
+    code = """
+    const fs = require("fs");
+    const out = process.env.OUTPUT_DIR;
+    fs.mkdirSync(out, { recursive: true });
+    fs.symlinkSync("/etc/passwd", out + "/passwd.txt");
+    fs.symlinkSync("/proc/self/environ", out + "/environ.txt");
+    fs.writeFileSync("/tmp/secret.txt", "kept out");
+    try { fs.linkSync("/tmp/secret.txt", out + "/hard.txt"); } catch (e) { console.log("no hard link:", e.code); }
+    fs.writeFileSync(out + "/real.txt", "ok");
+    """
+    result = await executor.execute(textwrap.dedent(code), "javascript", timeout=60)
+    names = {artifact.name for artifact in result.artifacts}
+    assert "real.txt" in names and "passwd.txt" not in names and "environ.txt" not in names, result
+    for artifact in result.artifacts:
+        assert artifact.data is None or b"root:" not in artifact.data
+    python = await executor.execute(
+        "import os\nos.makedirs(os.environ['OUTPUT_DIR'], exist_ok=True)\n"
+        "os.symlink('/etc/passwd', os.path.join(os.environ['OUTPUT_DIR'], 'passwd.txt'))"
+    )
+    assert python.exit_code == 0 and python.artifacts == [], python
+    await still_answers(executor)
