@@ -14,7 +14,7 @@ from typing import get_args
 
 import anyio
 
-from llm_sandbox_mcp import __version__, install, seccomp
+from llm_sandbox_mcp import __version__, cache_commands, install, seccomp
 from llm_sandbox_mcp.backends import BACKENDS, load_backend, select_backend
 from llm_sandbox_mcp.config import BackendChoice, Settings, load_settings
 from llm_sandbox_mcp.errors import ConfigError, SandboxError
@@ -44,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=None)
     run.add_argument("--json", action="store_true", help="print the whole result as JSON")
     _client_parsers(commands.add_parser)
+    cache_commands.add_parser(commands.add_parser)
     return parser
 
 
@@ -97,6 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "run":
         return anyio.run(_run, settings, args)
+    if args.command == "cache":
+        return anyio.run(cache_commands.run, settings, args)
     anyio.run(_serve, settings)
     return 0
 

@@ -102,6 +102,8 @@ class Settings(BaseSettings):
     sandbox_pool_size: int = Field(default=2, ge=0, le=16)
     sandbox_max_concurrency: PositiveInt = 4
     sandbox_memory_budget: Size | None = None
+    sandbox_cache_max_size: Size = 4 * 1024**3
+    sandbox_cache_total_size: Size = 20 * 1024**3
     sandbox_install_network_mode: str | None = None
     sandbox_install_ca_bundle: Path | None = None
     sandbox_pip_index_url: str | None = None

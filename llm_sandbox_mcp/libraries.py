@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import time
 from collections import defaultdict
 from dataclasses import replace
 
@@ -15,13 +17,19 @@ import anyio
 
 from llm_sandbox_mcp.backends import Backend
 from llm_sandbox_mcp.budget import MemoryBudget
+from llm_sandbox_mcp.cache_index import CacheEntry, CacheIndex, over_total
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import InstallFailed, SandboxFailure
 from llm_sandbox_mcp.languages import Language, install_env, sandbox_env
 from llm_sandbox_mcp.models import LIBS_DIR, CacheMount, Limits, SandboxRef, SandboxSpec
 from llm_sandbox_mcp.transfer import pack
 
+logger = logging.getLogger(__name__)
+
 _COMPLETE = f"{LIBS_DIR}/.complete"
+# How often a store in use is marked used in the index, and how long this server trusts it is still there.
+_TOUCH_SECONDS = 60.0
+_RECHECK_SECONDS = 3600.0
 _CA_NAME = "llm-sandbox-ca.pem"
 _CA_FILE = f"/tmp/{_CA_NAME}"
 # Every installer we run honours one of these for extra trusted certificates (TLS-inspecting proxies).
@@ -48,7 +56,11 @@ class LibraryCache:
         self.limits = limits
         self.budget = budget
         self._locks: defaultdict[str, anyio.Lock] = defaultdict(anyio.Lock)
-        self._ready: set[str] = set()
+        # Store -> when this server last found it complete (monotonic); rechecked after a while, since a
+        # server elsewhere on this host may have evicted it meanwhile.
+        self._ready: dict[str, float] = {}
+        self._touched: dict[str, float] = {}
+        self.index = CacheIndex()
 
     def needed(self, lang: Language, specs: list[str]) -> bool:
         """Whether a run of `lang` with `specs` mounts a store (Go builds one even without libraries)."""
@@ -68,7 +80,11 @@ class LibraryCache:
         """Install `specs` unless their store is complete; return the store's key."""
         key = self.key(lang, specs)
         async with self._locks[key]:
-            if key in self._ready:
+            now = time.monotonic()
+            if now - self._ready.get(key, -_RECHECK_SECONDS) < _RECHECK_SECONDS:
+                if now - self._touched.get(key, 0.0) > _TOUCH_SECONDS:
+                    self._touched[key] = now
+                    await anyio.to_thread.run_sync(self.index.touch, self.backend.name, key)
                 return key
             install_limits = replace(
                 self.limits,
@@ -80,11 +96,31 @@ class LibraryCache:
             )
             spec = SandboxSpec(self.settings.image_for(lang.name), install_limits, CacheMount(key, writable=True))
             with self.budget.held(install_limits.memory_bytes, "a library installer"):
-                await self._install_in_sandbox(spec, lang, specs, key)
-            self._ready.add(key)
+                size = await self._install_in_sandbox(spec, lang, specs, key)
+            entry = CacheEntry(self.backend.name, key, lang.name, tuple(specs), size, time.time())
+            await anyio.to_thread.run_sync(self.index.record, entry)
+            await self._evict(keep=key)
+            self._ready[key] = self._touched[key] = time.monotonic()
             return key
 
-    async def _install_in_sandbox(self, spec: SandboxSpec, lang: Language, specs: list[str], key: str) -> None:
+    async def _evict(self, keep: str) -> None:
+        """Least recently used stores go until this engine's fit SANDBOX_CACHE_TOTAL_SIZE; never one used
+        within a session's lifetime (a live session may have it mounted)."""
+        entries = await anyio.to_thread.run_sync(self.index.entries, self.backend.name)
+        recent_since = time.time() - self.settings.sandbox_session_max_lifetime
+        for entry in over_total(entries, self.settings.sandbox_cache_total_size, keep, recent_since):
+            logger.info(
+                "Evicting library cache %s (%s, %d bytes): least recently used",
+                entry.key,
+                entry.language,
+                entry.size_bytes,
+            )
+            await self.backend.drop_cache(entry.key)
+            await anyio.to_thread.run_sync(self.index.forget, entry.engine, entry.key)
+            self._ready.pop(entry.key, None)
+
+    async def _install_in_sandbox(self, spec: SandboxSpec, lang: Language, specs: list[str], key: str) -> int:
+        """Install (unless the store is complete already) and return the store's size in bytes."""
         try:
             ref = await self.backend.create(spec)
         except SandboxFailure as exc:
@@ -95,6 +131,13 @@ class LibraryCache:
             ) from exc
         try:
             await self._install(ref, lang, specs)
+            size = await self._size(ref)
+            limit = self.settings.sandbox_cache_max_size
+            if size > limit:
+                raise InstallFailed(
+                    f"{', '.join(specs)} take {size // 1024**2} MiB installed, above the limit of {limit // 1024**2} "
+                    "MiB for one library set (SANDBOX_CACHE_MAX_SIZE); install fewer or smaller libraries"
+                )
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.backend.destroy(ref)
@@ -102,6 +145,13 @@ class LibraryCache:
             raise
         with anyio.CancelScope(shield=True):
             await self.backend.destroy(ref)
+        return size
+
+    async def _size(self, ref: SandboxRef) -> int:
+        """Bytes in the store, as the installer sandbox measures them (the same way on every engine)."""
+        result = await self.backend.exec(ref, ["du", "-sk", str(LIBS_DIR)], timeout=120, output_limit=4096)
+        first = result.stdout.split(maxsplit=1)[0] if result.stdout.strip() else b""
+        return int(first) * 1024 if first.isdigit() else 0
 
     async def _install(self, ref: SandboxRef, lang: Language, specs: list[str]) -> None:
         check = await self.backend.exec(ref, ["test", "-f", _COMPLETE], timeout=30)

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import docker
+import docker.errors
 import pytest
 
 from llm_sandbox_mcp.backends import _owner, load_backend
+from llm_sandbox_mcp.backends._container import CACHE_PREFIX
+from llm_sandbox_mcp.cache_index import CacheEntry, CacheIndex
+from llm_sandbox_mcp.cli import main
 from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import get_language
 from tests.engines.conftest import engine_settings, require_now
@@ -67,3 +75,23 @@ async def test_sweep_removes_sandboxes_of_dead_servers_only(client: docker.Docke
     finally:
         await backend.aclose()
         foreign.remove(force=True)
+
+
+def test_cache_prune_removes_caches_unused_for_long_and_keeps_recent_ones(
+    client: docker.DockerClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("BACKEND", "docker")
+    old, recent = f"prune-old-{uuid.uuid4().hex[:8]}", f"prune-recent-{uuid.uuid4().hex[:8]}"
+    for key, last_used in ((old, time.time() - 48 * 3600), (recent, time.time())):
+        client.volumes.create(CACHE_PREFIX + key)
+        CacheIndex().record(CacheEntry("docker", key, "python", ("six",), 1024, last_used))
+    try:
+        assert main(["cache", "prune", "--older-than", "24"]) == 0
+        names = {volume.name for volume in client.volumes.list()}
+        assert CACHE_PREFIX + old not in names and CACHE_PREFIX + recent in names
+        assert [entry.key for entry in CacheIndex().entries("docker")] == [recent]
+    finally:
+        for key in (old, recent):
+            with contextlib.suppress(docker.errors.NotFound):
+                client.volumes.get(CACHE_PREFIX + key).remove(force=True)

@@ -106,6 +106,7 @@ class FakeBackend:
     destroyed: list[str] = field(default_factory=lambda: [])
     calls: list[Call] = field(default_factory=lambda: [])
     killed: list[str] = field(default_factory=lambda: [])
+    dropped: list[str] = field(default_factory=lambda: [])
     closed: bool = False
 
     async def create(self, spec: SandboxSpec) -> SandboxRef:
@@ -148,7 +149,7 @@ class FakeBackend:
         self.destroyed.append(ref.id)
 
     async def drop_cache(self, key: str) -> None:
-        return None
+        self.dropped.append(key)
 
     async def sweep(self) -> int:
         return 0

@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from llm_sandbox_mcp.cache_index import cache_home
 from llm_sandbox_mcp.errors import BackendUnavailable
 
 MIN_VERSION = (0, 8, 0)
@@ -176,12 +177,5 @@ def state_root() -> Path:
 
 
 def cache_root() -> Path:
-    """Library caches: $XDG_CACHE_HOME or ~/.cache; as root /var/cache, which the sandbox user can reach."""
-    configured = os.environ.get("XDG_CACHE_HOME")
-    if configured:
-        base = Path(configured)
-    elif os.geteuid() == 0:
-        base = Path("/var/cache")
-    else:
-        base = Path.home() / ".cache"
-    return base / "llm-sandbox-mcp" / "libs"
+    """Library caches, beside the index of them (see `cache_index.cache_home`)."""
+    return cache_home() / "libs"

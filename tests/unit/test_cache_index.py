@@ -1,0 +1,100 @@
+"""Library caches: one size limit per set and one in total, least recently used evicted, listed by the CLI."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from llm_sandbox_mcp.cache_index import CacheEntry, CacheIndex, over_total
+from llm_sandbox_mcp.cli import main
+from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.errors import InstallFailed
+from llm_sandbox_mcp.executor import Executor
+from llm_sandbox_mcp.languages import get_language
+from llm_sandbox_mcp.models import ExecResult
+from tests.support.fakes import Call, FakeBackend, ok
+
+pytestmark = pytest.mark.anyio
+MIB = 1024**2
+
+
+@pytest.fixture(autouse=True)
+def own_cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+
+
+def entry(key: str, size: int, last_used: float, engine: str = "docker") -> CacheEntry:
+    return CacheEntry(engine, key, "python", (key,), size, last_used)
+
+
+def test_the_index_records_touches_and_forgets_entries_across_instances() -> None:
+    CacheIndex().record(entry("a", MIB, 1.0))
+    CacheIndex().record(entry("b", MIB, 2.0, engine="podman"))
+    before = time.time()
+    CacheIndex().touch("docker", "a")
+    found = CacheIndex().entries()
+    assert [(e.engine, e.key) for e in found] == [("podman", "b"), ("docker", "a")]  # least recently used first
+    assert found[1].last_used >= before
+    CacheIndex().forget("docker", "a")
+    assert [e.key for e in CacheIndex().entries("docker")] == []
+
+
+def test_a_damaged_index_is_an_empty_one() -> None:
+    index = CacheIndex()
+    index.path.parent.mkdir(parents=True)
+    index.path.write_text('[{"engine": 1}, "x", {"key": "k"}]')
+    assert index.entries() == []
+
+
+def test_eviction_takes_the_least_recently_used_but_never_the_new_or_a_recent_one() -> None:
+    entries = [entry("old", 4 * MIB, 10.0), entry("older", 4 * MIB, 5.0), entry("recent", 4 * MIB, 100.0)]
+    entries.append(entry("new", 4 * MIB, 1.0))
+    chosen = over_total(entries, total=8 * MIB, keep="new", recent_since=50.0)
+    assert [e.key for e in chosen] == ["older", "old"]
+
+
+def installer(du_kib: int) -> FakeBackend:
+    def handler(call: Call) -> ExecResult:
+        if call.argv[0] == "du":
+            return ok(stdout=f"{du_kib}\t/opt/llm-sandbox/libs\n".encode())
+        if call.argv[:2] == ["test", "-f"]:
+            return ok(exit_code=1)  # not installed yet
+        return ok()
+
+    return FakeBackend(handler=handler)
+
+
+async def test_a_library_set_above_the_size_limit_is_refused_and_its_cache_dropped() -> None:
+    backend = installer(du_kib=3 * 1024)
+    settings = Settings(sandbox_pool_size=0, sandbox_cache_max_size=2 * MIB)
+    async with Executor(settings, backend) as executor:
+        with pytest.raises(InstallFailed, match="SANDBOX_CACHE_MAX_SIZE"):
+            await executor.libraries.ensure(get_language("python"), ["big"])
+    assert CacheIndex().entries() == []
+
+
+async def test_past_the_total_the_least_recently_used_caches_go() -> None:
+    backend = installer(du_kib=1024)
+    settings = Settings(sandbox_pool_size=0, sandbox_cache_total_size=2 * MIB)
+    python = get_language("python")
+    async with Executor(settings, backend) as executor:
+        first = await executor.libraries.ensure(python, ["a"])
+        second = await executor.libraries.ensure(python, ["b"])
+        # Both last used longer ago than a session can live, the first one longest.
+        for age, key in ((2.0, first), (1.0, second)):
+            (found,) = [e for e in CacheIndex().entries() if e.key == key]
+            CacheIndex().record(replace(found, last_used=time.time() - settings.sandbox_session_max_lifetime - age))
+        third = await executor.libraries.ensure(python, ["c"])
+    assert backend.dropped == [first]
+    assert {e.key for e in CacheIndex().entries("fake")} == {second, third}
+
+
+def test_cache_list_shows_every_cache_with_its_size_and_libraries(capsys: pytest.CaptureFixture[str]) -> None:
+    CacheIndex().record(CacheEntry("docker", "0123456789abcdef", "python", ("pandas",), 300 * MIB, time.time()))
+    assert main(["cache", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "docker" in out and "0123456789ab" in out and "300.0 MiB" in out and "pandas" in out
+    assert "1 caches, 300.0 MiB" in out
