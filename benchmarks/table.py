@@ -1,0 +1,204 @@
+"""The speed table: every language paced and back to back, parallel throughput, start and stop, and the
+physical floor of this machine measured in the same run.
+
+    BACKEND=docker python benchmarks/table.py [--runs 10] [--warmup 2] [--json out.json]
+
+Drives the installed `llm-sandbox-mcp` (beside this Python) over stdio with the official client, as a user's
+client would. Paced calls are one second apart (an agent thinking; the pool refills meanwhile); back-to-back
+calls follow each other at once; "16 calls, 8 in flight" is what parallel tool calls and sub-agents do.
+The floor is what the engine costs with no server at all: a process in a fresh bubblewrap sandbox, an exec
+into a running container, and a fork of a warm interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+HELLO: dict[str, dict[str, Any]] = {
+    "python print(1)": {"code": "print(1)"},
+    "python matplotlib plot": {"code": "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()"},
+    "javascript hello": {"language": "javascript", "code": "console.log('hello')"},
+    "ruby hello": {"language": "ruby", "code": "puts 'hello'"},
+    "r hello": {"language": "r", "code": "cat('hello\\n')"},
+    "java hello": {
+        "language": "java",
+        "code": 'public class Main { public static void main(String[] a) { System.out.println("hello"); } }',
+    },
+    "go hello": {"language": "go", "code": 'package main\nimport "fmt"\nfunc main() { fmt.Println("hello") }\n'},
+    "cpp hello": {"language": "cpp", "code": '#include <iostream>\nint main() { std::cout << "hello\\n"; }\n'},
+}
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    return {"p50_ms": round(statistics.median(samples), 1), "p95_ms": round(percentile(samples, 0.95), 1)}
+
+
+def server() -> StdioServerParameters:
+    return StdioServerParameters(command=str(Path(sys.executable).parent / "llm-sandbox-mcp"), env=dict(os.environ))
+
+
+async def timed_call(client: Client, arguments: dict[str, Any]) -> float:
+    started = time.perf_counter()
+    result = await client.call_tool("execute_code", {"timeout": 120, **arguments})
+    elapsed = (time.perf_counter() - started) * 1000
+    structured: dict[str, Any] = result.structured_content or {}
+    if result.is_error or structured.get("exit_code") != 0:
+        raise SystemExit(f"call failed: {arguments}: {result.content}")
+    return elapsed
+
+
+async def latencies(client: Client, arguments: dict[str, Any], runs: int, warmup: int, interval: float) -> list[float]:
+    samples: list[float] = []
+    for i in range(warmup + runs):
+        elapsed = await timed_call(client, arguments)
+        if i >= warmup:
+            samples.append(elapsed)
+        await anyio.sleep(interval)
+    return samples
+
+
+async def throughput(client: Client, calls: int, in_flight: int) -> float:
+    limiter = anyio.CapacityLimiter(in_flight)
+
+    async def one() -> None:
+        async with limiter:
+            await timed_call(client, HELLO["python print(1)"])
+
+    started = time.perf_counter()
+    async with anyio.create_task_group() as tasks:
+        for _ in range(calls):
+            tasks.start_soon(one)
+    return calls / (time.perf_counter() - started)
+
+
+async def start_and_stop() -> tuple[float, float]:
+    """Milliseconds from spawning the server to its tools/list answer, and from closing its stdin to its exit."""
+    started = time.perf_counter()
+    async with Client(server()) as client:
+        await client.list_tools()
+        listed = (time.perf_counter() - started) * 1000
+        stopping = time.perf_counter()
+    return listed, (time.perf_counter() - stopping) * 1000
+
+
+def floor(runs: int) -> dict[str, float]:
+    """What the machine itself costs, with no server: medians in milliseconds."""
+
+    def median_of(action: Callable[[], object]) -> float:
+        samples: list[float] = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            action()
+            samples.append((time.perf_counter() - started) * 1000)
+        return round(statistics.median(samples), 1)
+
+    found: dict[str, float] = {}
+    python = shutil.which("python3") or sys.executable
+
+    def fork() -> None:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+
+    found["fork of a warm interpreter"] = median_of(fork)
+    bwrap = shutil.which("bwrap")
+    if bwrap:
+        argv = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc"]
+        found["bwrap + python -S -c pass"] = median_of(
+            lambda: subprocess.run([*argv, python, "-S", "-c", "pass"], check=True)
+        )
+    if shutil.which("docker") and os.environ.get("BACKEND", "docker") in ("docker", "auto"):
+        container = subprocess.run(
+            ["docker", "run", "-d", "--rm", "--network", "none", "python:3.12-slim", "sleep", "600"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        try:
+            found["docker exec true"] = median_of(
+                lambda: subprocess.run(["docker", "exec", container, "true"], check=True)
+            )
+        finally:
+            subprocess.run(["docker", "rm", "-f", container], capture_output=True, check=False)
+    return found
+
+
+async def measure(runs: int, warmup: int) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
+        "backend": os.environ.get("BACKEND", "auto"),
+        "runs": runs,
+        "scenarios": {},
+    }
+    listed: list[float] = []
+    stopped: list[float] = []
+    for _ in range(3):
+        start, stop = await start_and_stop()
+        listed.append(start)
+        stopped.append(stop)
+    report["start_to_tools_list_ms"] = round(statistics.median(listed), 1)
+    report["shutdown_ms"] = round(statistics.median(stopped), 1)
+    async with Client(server()) as client:
+        for name, arguments in HELLO.items():
+            paced = await latencies(client, arguments, runs, warmup, interval=1.0)
+            back_to_back = await latencies(client, arguments, runs, 0, interval=0.0)
+            report["scenarios"][name] = {"paced": summary(paced), "back_to_back": summary(back_to_back)}
+        report["calls_per_s_16_calls_8_in_flight"] = round(await throughput(client, 16, 8), 1)
+    report["floor_ms"] = floor(runs)
+    return report
+
+
+def table(report: dict[str, Any]) -> str:
+    lines = [
+        f"{report['machine']} · backend {report['backend']} · {report['runs']} runs per column",
+        "",
+        "| scenario | paced p50 / p95 | back to back p50 / p95 |",
+        "|---|---|---|",
+    ]
+    for name, numbers in report["scenarios"].items():
+        paced, b2b = numbers["paced"], numbers["back_to_back"]
+        spread = [f"{column['p50_ms']:.0f} / {column['p95_ms']:.0f} ms" for column in (paced, b2b)]
+        lines.append(f"| {name} | {spread[0]} | {spread[1]} |")
+    lines += [
+        f"| 16 calls, 8 in flight | {report['calls_per_s_16_calls_8_in_flight']} calls/s | |",
+        f"| server start to tools/list | {report['start_to_tools_list_ms']:.0f} ms | |",
+        f"| shutdown | {report['shutdown_ms']:.0f} ms | |",
+        "",
+        "floor on this machine: " + "; ".join(f"{k} {v} ms" for k, v in report["floor_ms"].items()),
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="also write the report here")
+    args = parser.parse_args()
+    report = anyio.run(measure, args.runs, args.warmup)
+    sys.stdout.write(table(report) + "\n")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
