@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import anyio
 
-from llm_sandbox_mcp.backends import Backend
+from llm_sandbox_mcp.backends import Backend, stop_on_cancel
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import InstallFailed, SandboxFailure
 from llm_sandbox_mcp.languages import Language, install_env, sandbox_env
@@ -86,7 +86,8 @@ class LibraryCache:
                     "has (e.g. 'host' when the engine has no bridge network)."
                 ) from exc
             try:
-                await self._install(ref, lang, specs)
+                # Cancelled (the caller left): the installer is killed at once, and its half-written store dropped.
+                await stop_on_cancel(self.backend, ref, lambda: self._install(ref, lang, specs))
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     await self.backend.destroy(ref)

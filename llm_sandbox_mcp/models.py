@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import time
+import unicodedata
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Literal
@@ -133,6 +136,78 @@ class HeadTail:
             return bytes(self._head + self._tail)
         marker = f"\n[... {self.dropped} bytes truncated ...]\n".encode()
         return bytes(self._head) + marker + bytes(self._tail)
+
+
+Stream = Literal["stdout", "stderr"]
+# Escape sequences (colours, cursor moves) that would garble a one-line progress message.
+_ESCAPES = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|.)")
+_LINE_CHARS = 200
+
+
+def one_line(text: str, limit: int = _LINE_CHARS) -> str:
+    """Text fit for a one-line status: escapes removed, control and format characters as spaces, capped."""
+    text = _ESCAPES.sub("", text)
+    text = "".join(" " if unicodedata.category(char) in ("Cc", "Cf", "Cs", "Co") else char for char in text).strip()
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class Live:
+    """What a run has shown so far: its phase and its output as it arrives, for progress and background jobs.
+
+    The output of both streams is kept interleaved, as it came, at absolute byte offsets; only the last `keep`
+    bytes stay in memory however much the run writes.
+    """
+
+    def __init__(self, keep: int = 256 * 1024) -> None:
+        self.phase = "queued"
+        self.started = time.monotonic()
+        self.total = 0
+        self._keep = keep
+        self._chunks: deque[tuple[int, Stream, bytes]] = deque()
+        self._kept = 0
+        self._tail = b""
+
+    def feed(self, stream: Stream, data: bytes) -> None:
+        if not data:
+            return
+        self._chunks.append((self.total, stream, data))
+        self.total += len(data)
+        self._kept += len(data)
+        while self._kept - len(self._chunks[0][2]) >= self._keep:
+            self._kept -= len(self._chunks.popleft()[2])
+        self._tail = (self._tail + data)[-4096:]
+
+    def since(self, offset: int) -> tuple[bytes, bytes, int]:
+        """Output from `offset` on, split by stream, and how many bytes before it are no longer kept."""
+        out, err = bytearray(), bytearray()
+        first = self._chunks[0][0] if self._chunks else self.total
+        for start, stream, data in self._chunks:
+            if start + len(data) <= offset:
+                continue
+            part = data[max(0, offset - start) :]
+            (out if stream == "stdout" else err).extend(part)
+        return bytes(out), bytes(err), max(0, first - max(offset, 0))
+
+    def last_line(self) -> str:
+        lines = [line for line in self._tail.decode("utf-8", errors="replace").splitlines() if line.strip()]
+        return one_line(lines[-1]) if lines else ""
+
+    def summary(self) -> str:
+        """One line a person can read: phase, time so far, output so far and its last line."""
+        elapsed = time.monotonic() - self.started
+        text = f"{self.phase}, {elapsed:.0f} s"
+        if self.total:
+            text += f", {_size(self.total)} of output"
+        line = self.last_line()
+        return f"{text}; last line: {line}" if line else text
+
+
+def _size(count: int) -> str:
+    if count < 1024:
+        return f"{count} bytes"
+    if count < 1024**2:
+        return f"{count / 1024:.1f} KiB"
+    return f"{count / 1024**2:.1f} MiB"
 
 
 class Execution(BaseModel):
