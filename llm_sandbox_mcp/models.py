@@ -161,6 +161,7 @@ class Live:
     def __init__(self, keep: int = 256 * 1024) -> None:
         self.phase = "queued"
         self.started = time.monotonic()
+        self.ended: float | None = None
         self.total = 0
         self._keep = keep
         self._chunks: deque[tuple[int, Stream, bytes]] = deque()
@@ -194,7 +195,7 @@ class Live:
 
     def summary(self) -> str:
         """One line a person can read: phase, time so far, output so far and its last line."""
-        elapsed = time.monotonic() - self.started
+        elapsed = (self.ended or time.monotonic()) - self.started
         text = f"{self.phase}, {elapsed:.0f} s"
         if self.total:
             text += f", {_size(self.total)} of output"
@@ -213,7 +214,9 @@ def _size(count: int) -> str:
 class Execution(BaseModel):
     """The outcome of one run, exactly as `execute_code` returns it. User code failing is an outcome, not an error."""
 
-    exit_code: int = Field(description="Exit status of the program; non-zero means it failed")
+    exit_code: int | None = Field(
+        description="Exit status of the program; non-zero means it failed; null while it goes on as a job"
+    )
     stdout: str
     stderr: str
     timed_out: bool = Field(description="The timeout expired and every process was killed")
@@ -225,3 +228,8 @@ class Execution(BaseModel):
     session_id: str | None = Field(description="The session the code ran in, if any")
     interpreter_lost: bool = Field(description="The session's interpreter was stopped; the next call starts anew")
     artifacts: list[Artifact] = Field(description="Files written to $OUTPUT_DIR (plots included)")
+    status: Literal["finished", "running"] = Field(
+        default="finished", description="'running': the run goes on as a background job (see job_id)"
+    )
+    job_id: str | None = Field(default=None, description="The background job this run goes on as: poll get_job")
+    message: str | None = Field(default=None, description="What to do next, when the run goes on as a job")

@@ -85,6 +85,12 @@ class FakeKernel:
             self.pending += frame(b"E", b"KeyboardInterrupt\n") + frame(b"D", json.dumps({"exit": 1}).encode())
 
     async def receive(self, timeout: float) -> bytes | None:
+        gate = self.backend.gate
+        if gate is not None and not gate.is_set() and self.backend.kernel is self:
+            with anyio.move_on_after(timeout):
+                await gate.wait()
+            if not gate.is_set():
+                return None
         if self.pending:
             data = bytes(self.pending)
             self.pending.clear()
@@ -126,6 +132,8 @@ class FakeBackend:
     kill_seen: anyio.Event = field(default_factory=anyio.Event)
     destroy_seen: anyio.Event = field(default_factory=anyio.Event)
     kernel: FakeKernel | None = None
+    # While not set, runs (kernel or exec) do not end: the test decides when they finish.
+    gate: anyio.Event | None = None
     _ended: anyio.Event = field(default_factory=anyio.Event)
 
     async def create(self, spec: SandboxSpec) -> SandboxRef:
@@ -153,6 +161,8 @@ class FakeBackend:
             if self.interruptible and self.kernel is not None:
                 self.kernel.interrupt()
             return ok()
+        if self.gate is not None and argv[0] not in ("test", "find", "touch"):
+            await self.gate.wait()
         if self.hang and argv[0] not in ("test", "find", "touch"):
             self.running.set()
             with anyio.CancelScope(shield=True):
