@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Literal
 
+import anyio
 from pydantic import BaseModel, Field
 
 from llm_sandbox_mcp.artifacts import Artifact
@@ -167,6 +168,7 @@ class Live:
         self._chunks: deque[tuple[int, Stream, bytes]] = deque()
         self._kept = 0
         self._tail = b""
+        self._waiters: list[anyio.Event] = []
 
     def feed(self, stream: Stream, data: bytes) -> None:
         if not data:
@@ -177,6 +179,16 @@ class Live:
         while self._kept - len(self._chunks[0][2]) >= self._keep:
             self._kept -= len(self._chunks.popleft()[2])
         self._tail = (self._tail + data)[-4096:]
+        waiters, self._waiters = self._waiters, []
+        for event in waiters:
+            event.set()
+
+    async def wait_for_output(self, count: int = 1) -> None:
+        """Return once at least `count` bytes of output have arrived."""
+        while self.total < count:
+            event = anyio.Event()
+            self._waiters.append(event)
+            await event.wait()
 
     def since(self, offset: int) -> tuple[bytes, bytes, int]:
         """Output from `offset` on, split by stream, and how many bytes before it are no longer kept."""

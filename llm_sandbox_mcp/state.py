@@ -113,7 +113,8 @@ class AppState:
 
     def _handle(self, job: Job, background: bool) -> Execution:
         """What execute_code answers for a run that goes on as a job: its output so far and what to do next."""
-        stdout, stderr, _ = job.live.since(0)
+        # The latest output only (what a result would keep of one stream); get_job has the rest.
+        stdout, stderr, _ = job.live.since(job.live.total - self.settings.sandbox_output_limit)
         started = (
             "Started in the background"
             if background

@@ -137,6 +137,7 @@ async def stop_on_cancel(backend: Backend, ref: SandboxRef, work: Callable[[], A
     Work that fails is followed by the same kill.
     """
     finished = False
+    ended = anyio.Event()
 
     async def watch() -> None:
         try:
@@ -144,10 +145,14 @@ async def stop_on_cancel(backend: Backend, ref: SandboxRef, work: Callable[[], A
         finally:
             if not finished:
                 with anyio.CancelScope(shield=True):
-                    try:
-                        await backend.kill_all(ref)
-                    except SandboxError as exc:  # the sandbox is gone: so is everything that ran in it
-                        logger.info("Could not kill the processes of %s: %s", ref.id[:12], exc)
+                    # Again every second until the work returns: a process that started after a kill is killed too.
+                    while not ended.is_set():
+                        try:
+                            await backend.kill_all(ref)
+                        except SandboxError as exc:  # the sandbox is gone: so is everything that ran in it
+                            logger.info("Could not kill the processes of %s: %s", ref.id[:12], exc)
+                        with anyio.move_on_after(1.0):
+                            await ended.wait()
 
     failure: Exception | None = None
     outcome: list[T] = []
@@ -159,6 +164,7 @@ async def stop_on_cancel(backend: Backend, ref: SandboxRef, work: Callable[[], A
         except Exception as exc:  # raised below, outside the task group, so not wrapped in an ExceptionGroup
             failure = exc
         finally:
+            ended.set()
             tasks.cancel_scope.cancel()
     if failure is not None:
         raise failure
