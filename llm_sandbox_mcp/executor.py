@@ -168,9 +168,11 @@ class Executor:
             finally:
                 await self.pool.release(lease)
 
-    async def open(self, lang: Language, libraries: list[str], limits: Limits) -> Lease:
+    async def open(self, lang: Language, libraries: list[str], limits: Limits, live: Live | None = None) -> Lease:
         """A sandbox of its own (with its interpreter) for a session, outside the pool."""
-        spec = await self._spec(lang, libraries, limits)
+        spec = await self._spec(lang, libraries, limits, live)
+        if live is not None:
+            live.phase = "starting the sandbox"
         return await self._make_lease(WarmKey(lang.name, spec), False)
 
     async def close(self, lease: Lease) -> None:

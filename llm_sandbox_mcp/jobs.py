@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Literal
+from typing import Literal, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 Work = Callable[[Live], Awaitable[Execution]]
 Report = Callable[[str], Awaitable[None]]
 JobState = Literal["running", "finished", "failed", "cancelled"]
+T = TypeVar("T")
 
 # How often a waiting call reports progress: well under any client's idle timeout, and rate-limited by design.
 PROGRESS_EVERY = 2.0
@@ -187,6 +188,24 @@ class JobRegistry:
         if job.finished is None:
             return None
         return max(0.0, self.settings.sandbox_job_retention - (time.monotonic() - job.finished))
+
+
+async def reporting(live: Live, progress: Report | None, work: Callable[[], Awaitable[T]]) -> T:
+    """Await `work`, sending progress from `live` meanwhile (work that is not a run, e.g. creating a session)."""
+    failure: Exception | None = None
+    outcome: list[T] = []
+    async with anyio.create_task_group() as tasks:
+        if progress is not None:
+            tasks.start_soon(_report, live, progress)
+        try:
+            outcome.append(await work())
+        except Exception as exc:  # raised below, outside the task group, so not wrapped in an ExceptionGroup
+            failure = exc
+        finally:
+            tasks.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    return outcome[0]
 
 
 async def _report(live: Live, progress: Report) -> None:

@@ -6,10 +6,11 @@ carries images or files); the SDK derives each tool's `outputSchema` from them.
 
 import base64
 import json
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from contextlib import contextmanager
-from typing import Literal
+from typing import Any, Literal
 
+from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import (
     BlobResourceContents,
@@ -121,6 +122,20 @@ def tool_errors() -> Generator[None]:
         yield
     except SandboxError as exc:
         raise ToolError(str(exc)) from exc
+
+
+def progress_of(ctx: Context[Any, Any] | None) -> Callable[[str], Awaitable[None]] | None:
+    """Progress notifications for the calling request (the SDK sends them only when it carries a token)."""
+    if ctx is None:
+        return None
+    count = 0
+
+    async def report(message: str) -> None:
+        nonlocal count
+        count += 1
+        await ctx.report_progress(count, None, message)
+
+    return report
 
 
 def _with_blocks(model: BaseModel, blocks: list[ContentBlock]) -> CallToolResult:

@@ -17,7 +17,7 @@ from llm_sandbox_mcp.backends import Backend, select_backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxError
 from llm_sandbox_mcp.executor import MAX_CODE_BYTES, Executor
-from llm_sandbox_mcp.jobs import JobRegistry, Report
+from llm_sandbox_mcp.jobs import JobRegistry
 from llm_sandbox_mcp.languages import LANGUAGES, get_language
 from llm_sandbox_mcp.metadata import DESCRIPTION, TITLE, hints, icons
 from llm_sandbox_mcp.results import (
@@ -27,6 +27,7 @@ from llm_sandbox_mcp.results import (
     LanguagesResult,
     execution_result,
     job_result,
+    progress_of,
     tool_errors,
 )
 from llm_sandbox_mcp.session_tools import register_session_tools
@@ -142,7 +143,7 @@ def build_server(
     ) -> Annotated[CallToolResult, ExecutionResult]:
         with tool_errors():
             return execution_result(
-                await state.execute(code, language, libraries, timeout, session_id, background, _progress(ctx))
+                await state.execute(code, language, libraries, timeout, session_id, background, progress_of(ctx))
             )
 
     @server.tool(
@@ -209,20 +210,6 @@ def build_server(
     register_session_tools(server, state)
     _strict(server)
     return server
-
-
-def _progress(ctx: Context[AppState, Any] | None) -> Report | None:
-    """Progress notifications for the calling request (the SDK sends them only when it carries a token)."""
-    if ctx is None:
-        return None
-    count = 0
-
-    async def report(message: str) -> None:
-        nonlocal count
-        count += 1
-        await ctx.report_progress(count, None, message)
-
-    return report
 
 
 async def _shielded(close: Callable[[], Awaitable[None]]) -> None:

@@ -72,6 +72,7 @@ class SessionRegistry:
         memory: str | None = None,
         cpus: float | None = None,
         network: bool = False,
+        live: Live | None = None,
     ) -> Session:
         lang = get_language(language)
         specs = lang.check_libraries(libraries)
@@ -83,7 +84,7 @@ class SessionRegistry:
         limits = self._limits(memory, cpus, network)
         self._creating += 1
         try:
-            lease = await self.executor.open(lang, specs, limits)
+            lease = await self.executor.open(lang, specs, limits, live)
         finally:
             self._creating -= 1
         session = Session(id=f"s-{secrets.token_hex(8)}", language=lang, libraries=specs, lease=lease)

@@ -16,7 +16,7 @@ from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, InvalidRequest, SandboxError
 from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.files import Files
-from llm_sandbox_mcp.jobs import Job, JobRegistry, Report
+from llm_sandbox_mcp.jobs import Job, JobRegistry, Report, reporting
 from llm_sandbox_mcp.languages import LANGUAGES, Language, get_language
 from llm_sandbox_mcp.models import Execution, Live
 from llm_sandbox_mcp.results import (
@@ -215,9 +215,18 @@ class AppState:
     # Sessions.
 
     async def create_session(
-        self, language: str, libraries: list[str], memory: str | None, cpus: float | None, network: bool
+        self,
+        language: str,
+        libraries: list[str],
+        memory: str | None,
+        cpus: float | None,
+        network: bool,
+        progress: Report | None = None,
     ) -> SessionInfo:
-        session = await self.sessions.create(language, libraries, memory, cpus, network)
+        sessions, live = self.sessions, Live()
+        session = await reporting(
+            live, progress, lambda: sessions.create(language, libraries, memory, cpus, network, live)
+        )
         return SessionInfo.model_validate(session.describe())
 
     async def close_session(self, session_id: str) -> Closed:

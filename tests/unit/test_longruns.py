@@ -252,3 +252,22 @@ def test_live_output_keeps_offsets_across_streams_and_says_what_it_dropped() -> 
     assert live.since(0) == (b"ijkl", b"EFGH", 4)
     assert live.since(12) == (b"", b"", 0)
     assert live.last_line() == "abcdEFGHijkl"
+
+
+async def test_creating_a_session_reports_its_install_as_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("llm_sandbox_mcp.jobs.PROGRESS_EVERY", 0.01)
+    gate = anyio.Event()
+    backend = FakeBackend(gate=gate, handler=lambda call: ok(exit_code=1) if call.argv[0] == "test" else ok())
+    messages: list[str] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        assert message is not None
+        messages.append(message)
+        if message.startswith("installing six"):
+            gate.set()
+
+    async with Client(build_server(Settings(sandbox_pool_size=0), backend)) as client:
+        with anyio.fail_after(10):
+            created = await client.call_tool("create_session", {"libraries": ["six"]}, progress_callback=on_progress)
+    assert not created.is_error
+    assert any(message.startswith("installing six, ") for message in messages)
