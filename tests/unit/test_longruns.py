@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -271,3 +272,21 @@ async def test_creating_a_session_reports_its_install_as_progress(monkeypatch: p
             created = await client.call_tool("create_session", {"libraries": ["six"]}, progress_callback=on_progress)
     assert not created.is_error
     assert any(message.startswith("installing six, ") for message in messages)
+
+
+async def test_a_client_that_goes_away_mid_call_has_its_run_killed() -> None:
+    backend = FakeBackend(hang=True, handler=_hung)
+
+    async def call(client: Client) -> None:
+        with contextlib.suppress(Exception):  # the connection closes under the call
+            await client.call_tool("execute_code", {"code": "x", "language": "go"})
+
+    with anyio.fail_after(10):
+        async with (
+            anyio.create_task_group() as tasks,
+            Client(build_server(Settings(sandbox_pool_size=0), backend)) as client,
+        ):
+            tasks.start_soon(call, client)
+            await backend.running.wait()
+        await backend.kill_seen.wait()
+    assert backend.killed[0] == "fake-1" and "fake-1" in backend.destroyed and backend.closed
