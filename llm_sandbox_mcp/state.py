@@ -139,8 +139,9 @@ class AppState:
             status="running",
             job_id=job.id,
             message=(
-                f"{started} as job {job.id}. Call get_job(job_id={job.id!r}, since={job.live.total}) every few "
-                "seconds for new output and, once finished, the full result; cancel_job stops it."
+                f"{started} as job {job.id}. Call get_job(job_id={job.id!r}, since={job.live.total}, "
+                f"wait={min(30.0, self.settings.sandbox_foreground_limit):g}) for new output and, once finished, "
+                "the full result; cancel_job stops it."
             ),
         )
 
