@@ -101,6 +101,24 @@ async def test_a_session_survives_a_cancelled_cell(executor: Executor) -> None:
         await registry.aclose()
 
 
+async def test_a_cancelled_install_leaves_no_half_written_cache_and_the_next_call_installs(
+    executor: Executor, backend: RecordingBackend
+) -> None:
+    specs = ["six>=1.0"]  # a cache of its own, apart from other tests' "six"
+    await backend.drop_cache(executor.libraries.key(get_language("python"), specs))
+    installing = backend.exec_of("pip")
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(lambda: executor.execute("import six", "python", specs, 60))
+            await installing.wait()
+            tasks.cancel_scope.cancel()
+    backend.argvs.clear()
+    with anyio.fail_after(180):
+        after = await executor.execute("import six\nprint(six.__name__)", "python", specs, 60)
+    assert (after.exit_code, after.stdout) == (0, "six\n"), after.stderr
+    assert any(any("pip" in part for part in argv) for argv in backend.argvs)  # installed afresh, not half-used
+
+
 def _payload(result: CallToolResult) -> dict[str, Any]:
     first = result.content[0]
     assert isinstance(first, TextContent)
