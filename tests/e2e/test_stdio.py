@@ -81,7 +81,7 @@ async def test_over_stdio_a_long_call_sends_progress_and_a_foreground_call_past_
                 polled = await client.call_tool("get_job", job)
                 assert polled.structured_content is not None
                 info = polled.structured_content
-    assert info["status"] == "finished" and info["result"]["stdout"].endswith("step 7\n")
+    assert info["status"] == "finished" and info["result"]["stdout"].endswith("step 9\n")
     assert any(message.startswith("running python") and "last line: step" in message for message in messages)
 
 
