@@ -191,4 +191,4 @@ async def _run(settings: Settings, args: argparse.Namespace) -> int:
         sys.stderr.write(execution.stderr)
         for artifact in execution.artifacts:
             sys.stderr.write(f"[artifact] {artifact.name} ({artifact.mime_type}, {artifact.size} bytes)\n")
-    return execution.exit_code
+    return execution.exit_code if execution.exit_code is not None else 1

@@ -132,6 +132,9 @@ class Settings(BaseSettings):
     sandbox_session_max_memory: Size = 2 * 1024**3
     sandbox_session_max_cpus: Annotated[float, Field(ge=MIN_CPUS)] = 2.0
     sandbox_session_network_mode: str | None = None
+    sandbox_foreground_limit: PositiveFloat = 50.0
+    sandbox_max_jobs: PositiveInt = 16
+    sandbox_job_retention: PositiveFloat = 3600.0
     sandbox_host_dirs: CommaList = Field(default_factory=lambda: [])
     sandbox_max_file_size: Size = 16 * 1024**2
     sandbox_image_python: str = IMAGES["python"]

@@ -14,7 +14,7 @@ import anyio
 import anyio.to_thread
 
 from llm_sandbox_mcp.artifacts import Artifact, collect
-from llm_sandbox_mcp.backends import Backend
+from llm_sandbox_mcp.backends import Backend, stop_on_cancel
 from llm_sandbox_mcp.budget import MemoryBudget
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import InvalidRequest
@@ -28,6 +28,7 @@ from llm_sandbox_mcp.models import (
     ExecResult,
     Execution,
     Limits,
+    Live,
     SandboxRef,
     SandboxSpec,
 )
@@ -135,9 +136,15 @@ class Executor:
         cache = CacheMount(cache_key) if cache_key else None
         return SandboxSpec(self.settings.image_for(language.name), limits or self.limits, cache)
 
-    async def _spec(self, lang: Language, libraries: list[str], limits: Limits | None = None) -> SandboxSpec:
+    async def _spec(
+        self, lang: Language, libraries: list[str], limits: Limits | None = None, live: Live | None = None
+    ) -> SandboxSpec:
         """The sandbox a run needs: its libraries installed first when it has any."""
-        key = await self.libraries.ensure(lang, libraries) if self.libraries.needed(lang, libraries) else None
+        key = None
+        if self.libraries.needed(lang, libraries):
+            if live is not None:
+                live.phase = f"installing {', '.join(libraries)}" if libraries else "preparing the build cache"
+            key = await self.libraries.ensure(lang, libraries)
         return self.spec_for(lang, key, limits)
 
     def warm(self, language: Language) -> None:
@@ -145,36 +152,55 @@ class Executor:
         self.pool.warm(WarmKey(language.name, self.spec_for(language)))
 
     async def execute(
-        self, code: str, language: str = "python", libraries: list[str] | None = None, timeout: float | None = None
+        self,
+        code: str,
+        language: str = "python",
+        libraries: list[str] | None = None,
+        timeout: float | None = None,
+        live: Live | None = None,
     ) -> Execution:
-        """Run code once in a fresh sandbox from the pool, which is destroyed afterwards."""
+        """Run code once in a fresh sandbox from the pool, which is destroyed afterwards (also when cancelled)."""
         program = self.program(code, language, libraries or [], timeout)
+        live = live or Live()
+        live.phase = "waiting for a free slot (SANDBOX_MAX_CONCURRENCY)"
         async with self.limiter:
-            spec = await self._spec(program.language, program.libraries)
+            spec = await self._spec(program.language, program.libraries, live=live)
+            live.phase = "starting the sandbox"
             lease = await self.pool.acquire(WarmKey(program.language.name, spec))
             try:
-                return await self.run(lease, program)
+                return await self.run(lease, program, live=live)
             finally:
                 await self.pool.release(lease)
 
-    async def open(self, lang: Language, libraries: list[str], limits: Limits) -> Lease:
+    async def open(self, lang: Language, libraries: list[str], limits: Limits, live: Live | None = None) -> Lease:
         """A sandbox of its own (with its interpreter) for a session, outside the pool."""
-        spec = await self._spec(lang, libraries, limits)
+        spec = await self._spec(lang, libraries, limits, live)
+        if live is not None:
+            live.phase = "starting the sandbox"
         return await self._make_lease(WarmKey(lang.name, spec), False)
 
     async def close(self, lease: Lease) -> None:
         with anyio.CancelScope(shield=True):
             await self._dispose_lease(lease)
 
-    async def run(self, lease: Lease, program: Program, cell: Cell | None = None) -> Execution:
+    async def run(
+        self, lease: Lease, program: Program, cell: Cell | None = None, live: Live | None = None
+    ) -> Execution:
         """Run a program in a leased sandbox. With a `cell` (a session) the interpreter keeps its state, a lost
-        one is started again first, and only files that changed since the last cell come back."""
+        one is started again first, and only files that changed since the last cell come back.
+
+        Output reaches `live` as it arrives (at the end, for languages without a warm interpreter). Cancelling
+        the caller stops the run first: a cell is interrupted as at a timeout (the session stays usable), and
+        anything else is killed from outside with every process in the sandbox.
+        """
         lang = program.language
+        live = live or Live()
         notes: list[str] = []
         if cell is not None:
             cell.number += 1
             if await self._revive(lease):
                 notes.append("[the interpreter had been lost and was restarted: earlier variables are gone]\n")
+        live.phase = f"running {lang.name}" + (f" (cell {cell.number})" if cell is not None else "")
         if lease.kernel is not None:
             result = await lease.kernel.run(
                 _decode(program.source),
@@ -184,16 +210,24 @@ class Executor:
                 timeout=program.timeout,
                 output_limit=self.settings.sandbox_output_limit,
                 artifact_limit=self.settings.sandbox_artifact_limit,
+                live=live,
             )
         else:
-            result = await self.backend.exec(
-                lease.ref,
-                lang.run_argv(),
-                timeout=program.timeout,
-                stdin=program.source,
-                env=sandbox_env(lang, lease.ref.spec.cache is not None),
-                output_limit=self.settings.sandbox_output_limit,
+            ref = lease.ref
+            result = await stop_on_cancel(
+                self.backend,
+                ref,
+                lambda: self.backend.exec(
+                    ref,
+                    lang.run_argv(),
+                    timeout=program.timeout,
+                    stdin=program.source,
+                    env=sandbox_env(lang, ref.spec.cache is not None),
+                    output_limit=self.settings.sandbox_output_limit,
+                ),
             )
+            live.feed("stdout", result.stdout)
+            live.feed("stderr", result.stderr)
             # Nothing of the program may still run while its files are read: no process swaps them mid-read.
             await self.backend.kill_all(lease.ref)
             outputs = await self._collect_outputs(lease.ref)

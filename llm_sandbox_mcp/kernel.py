@@ -23,7 +23,7 @@ from llm_sandbox_mcp.artifacts import Artifact
 from llm_sandbox_mcp.backends import Backend, SandboxProcess
 from llm_sandbox_mcp.errors import FileTransferError, SandboxFailure
 from llm_sandbox_mcp.languages import runner_source
-from llm_sandbox_mcp.models import ExecResult, HeadTail, SandboxRef
+from llm_sandbox_mcp.models import ExecResult, HeadTail, Live, SandboxRef
 from llm_sandbox_mcp.transfer import safe_relative
 
 logger = logging.getLogger(__name__)
@@ -39,6 +39,8 @@ _EXIT_RANGE = range(-(2**31), 2**31)
 _START_TIMEOUT = 60.0
 # After an interrupt (sessions), how long the cell gets to unwind before everything is killed.
 _INTERRUPT_GRACE = 2.0
+# When the caller is gone (cancelled, disconnected), how long a session's cell gets to unwind from the interrupt.
+_CANCEL_GRACE = 1.0
 
 
 class KernelDied(SandboxFailure):
@@ -120,10 +122,13 @@ class Kernel:
         timeout: float,
         output_limit: int,
         artifact_limit: int,
+        live: Live | None = None,
     ) -> ExecResult:
         """Run code; on timeout interrupt it (inline mode) or kill everything (fork mode), keeping what came back.
 
-        The result carries the run's files and whether the interpreter was lost."""
+        The result carries the run's files and whether the interpreter was lost. Output also goes to `live` as it
+        arrives. When the caller is cancelled, the run is stopped before the cancellation goes on: a cell is
+        interrupted (the interpreter kept when it unwinds in time), a fork-mode run killed with everything else."""
         started = time.monotonic()
         out, err = HeadTail(output_limit), HeadTail(output_limit)
         artifacts: list[Artifact] = []
@@ -134,11 +139,13 @@ class Kernel:
         lost = False
         deadline = started + timeout
         interrupted = False
+        sent = False
         self._room = artifact_limit
         try:
             # A kernel that does not read (stopped by the code of an earlier cell) cannot hold the call past its time.
             with anyio.fail_after(timeout):
                 await self.process.send(_HEADER.pack(b"R", len(payload)) + payload)
+            sent = True
             while exit_code is None:
                 frame = await self._next_frame(deadline)
                 if frame is None:
@@ -155,8 +162,12 @@ class Kernel:
                 kind, body = frame
                 if kind == b"O":
                     out.feed(body)
+                    if live is not None:
+                        live.feed("stdout", body)
                 elif kind == b"E":
                     err.feed(body)
+                    if live is not None:
+                        live.feed("stderr", body)
                 elif kind == b"F":
                     if len(artifacts) >= _MAX_ARTIFACTS:
                         raise ProtocolError(f"more than {_MAX_ARTIFACTS} output files")
@@ -180,6 +191,10 @@ class Kernel:
             lost, exit_code = True, 137
             timed_out = timed_out or isinstance(exc, TimeoutError)
             err.feed(f"\n[the interpreter was lost: {exc or 'it stopped reading'}]\n".encode())
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await self._abandon(inline=mode == "inline", sent=sent)
+            raise
         finally:
             self._room = 0
         result = ExecResult.captured(exit_code, out, err, timed_out=timed_out, started=started)
@@ -204,6 +219,22 @@ class Kernel:
         except FileTransferError:
             return None
         return Artifact.of(relative, size, data if inline else None)
+
+    async def _abandon(self, *, inline: bool, sent: bool) -> None:
+        """Stop a run whose caller is gone. A cell is interrupted like at a timeout and keeps the interpreter if
+        it unwinds within the grace; otherwise, and for fork-mode runs, every process in the sandbox is killed."""
+        if not sent:
+            return
+        if inline and self.alive:
+            try:
+                await self.backend.exec(self.ref, ["kill", "-INT", str(self.pid)], timeout=10)
+                deadline = time.monotonic() + _CANCEL_GRACE
+                while (frame := await self._next_frame(deadline)) is not None:
+                    if frame[0] == b"D":
+                        return
+            except SandboxFailure as exc:  # includes a broken protocol: the kill below ends it
+                logger.info("Interrupting the cell in %s failed: %s", self.ref.id[:12], exc)
+        await self._kill()
 
     async def _kill(self) -> None:
         self.alive = False

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import anyio
 
-from llm_sandbox_mcp.backends import Backend
+from llm_sandbox_mcp.backends import Backend, stop_on_cancel
 from llm_sandbox_mcp.budget import MemoryBudget
 from llm_sandbox_mcp.cache_index import CacheEntry, CacheIndex, over_total
 from llm_sandbox_mcp.config import Settings
@@ -130,7 +130,8 @@ class LibraryCache:
                 "has (e.g. 'host' when the engine has no bridge network)."
             ) from exc
         try:
-            await self._install(ref, lang, specs)
+            # Cancelled (the caller left): the installer is killed at once, and its half-written store dropped.
+            await stop_on_cancel(self.backend, ref, lambda: self._install(ref, lang, specs))
             size = await self._size(ref)
             limit = self.settings.sandbox_cache_max_size
             if size > limit:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import time
+import unicodedata
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Literal
 
+import anyio
 from pydantic import BaseModel, Field
 
 from llm_sandbox_mcp.artifacts import Artifact
@@ -135,10 +139,96 @@ class HeadTail:
         return bytes(self._head) + marker + bytes(self._tail)
 
 
+Stream = Literal["stdout", "stderr"]
+# Escape sequences (colours, cursor moves) that would garble a one-line progress message.
+_ESCAPES = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|.)")
+_LINE_CHARS = 200
+
+
+def one_line(text: str, limit: int = _LINE_CHARS) -> str:
+    """Text fit for a one-line status: escapes removed, control and format characters as spaces, capped."""
+    text = _ESCAPES.sub("", text)
+    text = "".join(" " if unicodedata.category(char) in ("Cc", "Cf", "Cs", "Co") else char for char in text).strip()
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class Live:
+    """What a run has shown so far: its phase and its output as it arrives, for progress and background jobs.
+
+    The output of both streams is kept interleaved, as it came, at absolute byte offsets; only the last `keep`
+    bytes stay in memory however much the run writes.
+    """
+
+    def __init__(self, keep: int = 256 * 1024) -> None:
+        self.phase = "queued"
+        self.started = time.monotonic()
+        self.ended: float | None = None
+        self.total = 0
+        self._keep = keep
+        self._chunks: deque[tuple[int, Stream, bytes]] = deque()
+        self._kept = 0
+        self._tail = b""
+        self._waiters: list[anyio.Event] = []
+
+    def feed(self, stream: Stream, data: bytes) -> None:
+        if not data:
+            return
+        self._chunks.append((self.total, stream, data))
+        self.total += len(data)
+        self._kept += len(data)
+        while self._kept - len(self._chunks[0][2]) >= self._keep:
+            self._kept -= len(self._chunks.popleft()[2])
+        self._tail = (self._tail + data)[-4096:]
+        waiters, self._waiters = self._waiters, []
+        for event in waiters:
+            event.set()
+
+    async def wait_for_output(self, count: int = 1) -> None:
+        """Return once at least `count` bytes of output have arrived."""
+        while self.total < count:
+            event = anyio.Event()
+            self._waiters.append(event)
+            await event.wait()
+
+    def since(self, offset: int) -> tuple[bytes, bytes, int]:
+        """Output from `offset` on, split by stream, and how many bytes before it are no longer kept."""
+        out, err = bytearray(), bytearray()
+        first = self._chunks[0][0] if self._chunks else self.total
+        for start, stream, data in self._chunks:
+            if start + len(data) <= offset:
+                continue
+            part = data[max(0, offset - start) :]
+            (out if stream == "stdout" else err).extend(part)
+        return bytes(out), bytes(err), max(0, first - max(offset, 0))
+
+    def last_line(self) -> str:
+        lines = [line for line in self._tail.decode("utf-8", errors="replace").splitlines() if line.strip()]
+        return one_line(lines[-1]) if lines else ""
+
+    def summary(self) -> str:
+        """One line a person can read: phase, time so far, output so far and its last line."""
+        elapsed = (self.ended or time.monotonic()) - self.started
+        text = f"{self.phase}, {elapsed:.0f} s"
+        if self.total:
+            text += f", {_size(self.total)} of output"
+        line = self.last_line()
+        return f"{text}; last line: {line}" if line else text
+
+
+def _size(count: int) -> str:
+    if count < 1024:
+        return f"{count} bytes"
+    if count < 1024**2:
+        return f"{count / 1024:.1f} KiB"
+    return f"{count / 1024**2:.1f} MiB"
+
+
 class Execution(BaseModel):
     """The outcome of one run, exactly as `execute_code` returns it. User code failing is an outcome, not an error."""
 
-    exit_code: int = Field(description="Exit status of the program; non-zero means it failed")
+    exit_code: int | None = Field(
+        description="Exit status of the program; non-zero means it failed; null while it goes on as a job"
+    )
     stdout: str
     stderr: str
     timed_out: bool = Field(description="The timeout expired and every process was killed")
@@ -150,3 +240,8 @@ class Execution(BaseModel):
     session_id: str | None = Field(description="The session the code ran in, if any")
     interpreter_lost: bool = Field(description="The session's interpreter was stopped; the next call starts anew")
     artifacts: list[Artifact] = Field(description="Files written to $OUTPUT_DIR (plots included)")
+    status: Literal["finished", "running"] = Field(
+        default="finished", description="'running': the run goes on as a background job (see job_id)"
+    )
+    job_id: str | None = Field(default=None, description="The background job this run goes on as: poll get_job")
+    message: str | None = Field(default=None, description="What to do next, when the run goes on as a job")

@@ -6,9 +6,11 @@ carries images or files); the SDK derives each tool's `outputSchema` from them.
 
 import base64
 import json
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from contextlib import contextmanager
+from typing import Any, Literal
 
+from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import (
     BlobResourceContents,
@@ -95,6 +97,21 @@ class Download(BaseModel):
     host_path: str | None
 
 
+class JobInfo(BaseModel):
+    job_id: str
+    status: Literal["running", "finished", "failed", "cancelled"]
+    language: str
+    session_id: str | None
+    progress: str = Field(description="What the run is doing: phase, time, output so far and its last line")
+    stdout: str = Field(description="Output of the run from offset `since` on")
+    stderr: str = Field(description="Error output of the run from offset `since` on")
+    next_since: int = Field(description="Pass as `since` next time to get only newer output")
+    skipped_bytes: int = Field(description="Output between `since` and what is still kept, no longer available")
+    result: Execution | None = Field(description="The full result once finished (plots come back as images)")
+    error: str | None = Field(description="Why the run could not be served, when it failed")
+    expires_in_s: float | None = Field(description="Seconds until a finished job is forgotten")
+
+
 @contextmanager
 def tool_errors() -> Generator[None]:
     """The one error boundary of every tool: our errors become tool errors whose text the model reads.
@@ -107,6 +124,20 @@ def tool_errors() -> Generator[None]:
         raise ToolError(str(exc)) from exc
 
 
+def progress_of(ctx: Context[Any, Any] | None) -> Callable[[str], Awaitable[None]] | None:
+    """Progress notifications for the calling request (the SDK sends them only when it carries a token)."""
+    if ctx is None:
+        return None
+    count = 0
+
+    async def report(message: str) -> None:
+        nonlocal count
+        count += 1
+        await ctx.report_progress(count, None, message)
+
+    return report
+
+
 def _with_blocks(model: BaseModel, blocks: list[ContentBlock]) -> CallToolResult:
     """The model as JSON text (and structured content), followed by `blocks`."""
     structured = model.model_dump(mode="json")
@@ -117,6 +148,12 @@ def _with_blocks(model: BaseModel, blocks: list[ContentBlock]) -> CallToolResult
 def execution_result(execution: Execution) -> CallToolResult:
     """The outcome, then each artifact the result carries as an image or an embedded file."""
     return _with_blocks(execution, [_artifact_block(a) for a in execution.artifacts if a.inline])
+
+
+def job_result(info: JobInfo) -> CallToolResult:
+    """A job's status; once finished, with its result's plots and files as for execute_code."""
+    artifacts = info.result.artifacts if info.result is not None else []
+    return _with_blocks(info, [_artifact_block(a) for a in artifacts if a.inline])
 
 
 def download_result(download: Download, data: bytes) -> CallToolResult:

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import anyio
 from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
 from mcp_types import CallToolResult
 from pydantic import Field
 
@@ -16,9 +17,19 @@ from llm_sandbox_mcp.backends import Backend, select_backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxError
 from llm_sandbox_mcp.executor import MAX_CODE_BYTES, Executor
+from llm_sandbox_mcp.jobs import JobRegistry
 from llm_sandbox_mcp.languages import LANGUAGES, get_language
 from llm_sandbox_mcp.metadata import DESCRIPTION, TITLE, hints, icons
-from llm_sandbox_mcp.results import ExecutionResult, LanguageDetails, LanguagesResult, execution_result, tool_errors
+from llm_sandbox_mcp.results import (
+    ExecutionResult,
+    JobInfo,
+    LanguageDetails,
+    LanguagesResult,
+    execution_result,
+    job_result,
+    progress_of,
+    tool_errors,
+)
 from llm_sandbox_mcp.session_tools import register_session_tools
 from llm_sandbox_mcp.sessions import SessionRegistry
 from llm_sandbox_mcp.state import AppState
@@ -60,6 +71,8 @@ def build_server(
             state.running = await stack.enter_async_context(Executor(settings, engine))
             state.registry = SessionRegistry(settings, state.running)
             stack.push_async_callback(_shielded, state.registry.aclose)
+            # Closed first: every job is cancelled, and its run stops, before sessions and sandboxes go.
+            state.runs = await stack.enter_async_context(JobRegistry(settings))
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(_prepare, state.running)
                 tasks.start_soon(state.registry.run_reaper)
@@ -76,7 +89,10 @@ def build_server(
             "Run code in an isolated sandbox with no network access. Each execute_code call starts from a clean "
             "sandbox unless you pass a session_id from create_session, which keeps variables (Python) and files "
             "between calls. Files written to $OUTPUT_DIR (/workspace/outputs) and every matplotlib figure are "
-            "returned."
+            "returned. For work that may take longer than about a minute, pass background=true: execute_code "
+            "returns a job_id at once; poll get_job(job_id, since) for new output and the final result, and stop "
+            "it with cancel_job. A call still running after "
+            f"{settings.sandbox_foreground_limit:g} s turns into such a job by itself."
         ),
         lifespan=lifespan,
     )
@@ -89,7 +105,10 @@ def build_server(
             f"installed before the run (e.g. ['numpy', 'pandas==2.2.3'] for Python). Each call starts clean. "
             f"Write files to $OUTPUT_DIR (/workspace/outputs) to get them back; matplotlib figures come back "
             f"as images. A non-zero exit_code is a normal result: read stderr. Default timeout "
-            f"{settings.sandbox_timeout:g} s, maximum {settings.sandbox_max_timeout:g} s."
+            f"{settings.sandbox_timeout:g} s, maximum {settings.sandbox_max_timeout:g} s. Long work (installs, "
+            f"training, anything past about a minute): pass background=true and poll get_job; a call still running "
+            f"after {settings.sandbox_foreground_limit:g} s returns status 'running' with a job_id instead of a "
+            f"result."
         ),
         title="Execute code",
         # Destructive: in a session the code may overwrite or delete earlier files. Open world: `libraries` are
@@ -116,9 +135,50 @@ def build_server(
                 max_length=64,
             ),
         ] = None,
+        background: Annotated[
+            bool,
+            Field(description="Return a job_id at once and run on; poll get_job for output and the result"),
+        ] = False,
+        ctx: Context[AppState, Any] | None = None,
     ) -> Annotated[CallToolResult, ExecutionResult]:
         with tool_errors():
-            return execution_result(await state.execute(code, language, libraries, timeout, session_id))
+            return execution_result(
+                await state.execute(code, language, libraries, timeout, session_id, background, progress_of(ctx))
+            )
+
+    @server.tool(
+        description=(
+            "Status of a background job (from execute_code): its output from offset `since` on (pass the "
+            "next_since of the previous answer to get only what is new), what it is doing now, and once finished "
+            "its full result with plots. While status is 'running', call again, with `wait` to block until it "
+            "finishes (up to the foreground limit)."
+        ),
+        title="Get job",
+        annotations=hints("Get job", read_only=True, destructive=False, idempotent=True, open_world=False),
+    )
+    async def get_job(
+        job_id: Annotated[str, Field(description="Id returned by execute_code", max_length=64)],
+        since: Annotated[
+            int, Field(description="Output offset to start from (next_since of the last answer)", ge=0)
+        ] = 0,
+        wait: Annotated[
+            float,
+            Field(description="Seconds to wait for the job to finish before answering (long poll)", ge=0),
+        ] = 0,
+    ) -> Annotated[CallToolResult, JobInfo]:
+        with tool_errors():
+            return job_result(await state.get_job(job_id, since, wait))
+
+    @server.tool(
+        description="Stop a background job: every process of its run is killed; a session keeps its state.",
+        title="Cancel job",
+        annotations=hints("Cancel job", read_only=False, destructive=True, idempotent=True, open_world=False),
+    )
+    async def cancel_job(
+        job_id: Annotated[str, Field(description="Id returned by execute_code", max_length=64)],
+    ) -> JobInfo:
+        with tool_errors():
+            return await state.cancel_job(job_id)
 
     @server.tool(
         description="List the languages this server can run, with the image each one uses.",

@@ -7,6 +7,7 @@ Each tool body is one call to AppState inside the error boundary.
 from typing import Annotated, Any
 
 from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
 from mcp_types import CallToolResult
 from pydantic import Field
 
@@ -21,6 +22,7 @@ from llm_sandbox_mcp.results import (
     SessionInfo,
     SessionList,
     download_result,
+    progress_of,
     tool_errors,
 )
 from llm_sandbox_mcp.sessions import lifetime
@@ -60,9 +62,10 @@ def register_session_tools(server: MCPServer[Any], state: AppState) -> None:
         network: Annotated[
             bool, Field(description="Ask for network access (refused unless the operator allows it)")
         ] = False,
+        ctx: Context[AppState, Any] | None = None,
     ) -> SessionInfo:
         with tool_errors():
-            return await state.create_session(language, libraries, memory, cpus, network)
+            return await state.create_session(language, libraries, memory, cpus, network, progress_of(ctx))
 
     @server.tool(
         description="Close a session and destroy its sandbox. Its variables and files are gone afterwards.",

@@ -15,9 +15,9 @@ import anyio
 
 from llm_sandbox_mcp.config import Settings, parse_size
 from llm_sandbox_mcp.errors import InvalidRequest, SandboxNotFound
-from llm_sandbox_mcp.executor import Cell, Executor, Lease
+from llm_sandbox_mcp.executor import Cell, Executor, Lease, Program
 from llm_sandbox_mcp.languages import Language, get_language
-from llm_sandbox_mcp.models import MIN_CPUS, MIN_MEMORY, Execution, Limits
+from llm_sandbox_mcp.models import MIN_CPUS, MIN_MEMORY, Execution, Limits, Live
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +87,7 @@ class SessionRegistry:
         memory: str | None = None,
         cpus: float | None = None,
         network: bool = False,
+        live: Live | None = None,
     ) -> Session:
         lang = get_language(language)
         specs = lang.check_libraries(libraries)
@@ -98,7 +99,7 @@ class SessionRegistry:
         limits = self._limits(memory, cpus, network)
         self._creating += 1
         try:
-            lease = await self.executor.open(lang, specs, limits)
+            lease = await self.executor.open(lang, specs, limits, live)
         finally:
             self._creating -= 1
         session = Session(id=f"s-{secrets.token_hex(8)}", language=lang, libraries=specs, lease=lease)
@@ -173,8 +174,8 @@ class SessionRegistry:
             logger.exception("Could not remove the sandbox of session %s", session_id)
         logger.info("Session %s closed: %s", session_id, why)
 
-    async def execute(self, session_id: str, code: str, libraries: list[str], timeout: float | None) -> Execution:
-        """Run a cell: one at a time per session, in its sandbox, with its interpreter's state."""
+    def prepare(self, session_id: str, code: str, libraries: list[str], timeout: float | None) -> Program:
+        """Validate a cell for a session before it runs (or is queued as a job). Raises what the caller can fix."""
         session = self.get(session_id)
         program = self.executor.program(code, session.language.name, libraries, timeout)
         missing = sorted(set(program.libraries) - set(session.libraries))
@@ -183,11 +184,25 @@ class SessionRegistry:
                 f"Session {session.id} was created with libraries {session.libraries or '[]'}; "
                 f"{', '.join(missing)} must be given to create_session (sessions have no network to install later)"
             )
+        return program
+
+    async def execute(
+        self, session_id: str, code: str, libraries: list[str], timeout: float | None, live: Live | None = None
+    ) -> Execution:
+        """Run a cell: one at a time per session, in its sandbox, with its interpreter's state.
+
+        A cancelled cell ends as if interrupted at its timeout, and the session takes the next one."""
+        program = self.prepare(session_id, code, libraries, timeout)
+        session = self.get(session_id)
+        live = live or Live()
+        live.phase = "waiting for the session's previous call" if session.lock.locked() else "queued"
         async with session.lock, self.executor.limiter:
             if session.id not in self._sessions:
                 raise self._gone(session.id)
-            execution = await self.executor.run(session.lease, program, session.cell)
-            session.last_used = time.monotonic()
+            try:
+                execution = await self.executor.run(session.lease, program, session.cell, live)
+            finally:
+                session.last_used = time.monotonic()
         execution.session_id = session.id
         return execution
 

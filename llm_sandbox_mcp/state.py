@@ -6,6 +6,7 @@ so a tool answers with that text rather than failing obscurely.
 
 import base64
 import binascii
+import time
 
 import anyio
 
@@ -15,13 +16,15 @@ from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, InvalidRequest, SandboxError
 from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.files import Files
+from llm_sandbox_mcp.jobs import Job, JobRegistry, Report, reporting
 from llm_sandbox_mcp.languages import LANGUAGES, Language, get_language
-from llm_sandbox_mcp.models import Execution
+from llm_sandbox_mcp.models import Execution, Live
 from llm_sandbox_mcp.results import (
     Closed,
     Download,
     FileInfo,
     FileList,
+    JobInfo,
     LanguageDetails,
     LanguageInfo,
     LanguagesResult,
@@ -38,6 +41,7 @@ class AppState:
         self.settings = settings
         self.running: Executor | None = None
         self.registry: SessionRegistry | None = None
+        self.runs: JobRegistry | None = None
         self.versions: dict[str, str] = {}
         self.failure: str | None = None
 
@@ -59,6 +63,12 @@ class AppState:
         return self.registry
 
     @property
+    def jobs(self) -> JobRegistry:
+        if self.runs is None:
+            raise self._unavailable()
+        return self.runs
+
+    @property
     def files(self) -> Files:
         return Files(self.settings, self.executor.backend)
 
@@ -73,11 +83,90 @@ class AppState:
     # Code.
 
     async def execute(
-        self, code: str, language: str, libraries: list[str], timeout: float | None, session_id: str | None
+        self,
+        code: str,
+        language: str,
+        libraries: list[str],
+        timeout: float | None,
+        session_id: str | None,
+        background: bool = False,
+        progress: Report | None = None,
     ) -> Execution:
+        """Run code, one-shot or in a session; in the background, or in the foreground until the foreground
+        limit, past which the run goes on as a job and its handle comes back."""
         if session_id is not None:
-            return await self.sessions.execute(session_id, code, libraries, timeout)
-        return await self.executor.execute(code, language, libraries, timeout)
+            sessions = self.sessions
+            language = sessions.get(session_id).language.name
+            sessions.prepare(session_id, code, libraries, timeout)  # a request we cannot serve fails now
+
+            async def work(live: Live) -> Execution:
+                return await sessions.execute(session_id, code, libraries, timeout, live)
+        else:
+            executor = self.executor
+            language = executor.program(code, language, libraries, timeout).language.name
+
+            async def work(live: Live) -> Execution:
+                return await executor.execute(code, language, libraries, timeout, live)
+
+        outcome = await self.jobs.run(work, language, session_id, background, progress)
+        return outcome if isinstance(outcome, Execution) else self._handle(outcome, background)
+
+    def _handle(self, job: Job, background: bool) -> Execution:
+        """What execute_code answers for a run that goes on as a job: its output so far and what to do next."""
+        # The latest output only (what a result would keep of one stream); get_job has the rest.
+        stdout, stderr, _ = job.live.since(job.live.total - self.settings.sandbox_output_limit)
+        started = (
+            "Started in the background"
+            if background
+            else (
+                f"Still running after {self.settings.sandbox_foreground_limit:g} s (SANDBOX_FOREGROUND_LIMIT), so it "
+                "goes on in the background"
+            )
+        )
+        return Execution(
+            exit_code=None,
+            stdout=stdout.decode("utf-8", errors="replace"),
+            stderr=stderr.decode("utf-8", errors="replace"),
+            timed_out=False,
+            truncated=False,
+            duration_ms=round((time.monotonic() - job.live.started) * 1000),
+            language=job.language,
+            backend=self.executor.backend.name,
+            phase="run",
+            session_id=job.session_id,
+            interpreter_lost=False,
+            artifacts=[],
+            status="running",
+            job_id=job.id,
+            message=(
+                f"{started} as job {job.id}. Call get_job(job_id={job.id!r}, since={job.live.total}, "
+                f"wait={min(30.0, self.settings.sandbox_foreground_limit):g}) for new output and, once finished, "
+                "the full result; cancel_job stops it."
+            ),
+        )
+
+    async def get_job(self, job_id: str, since: int, wait: float) -> JobInfo:
+        return self._job_info(await self.jobs.wait(job_id, wait), since)
+
+    async def cancel_job(self, job_id: str) -> JobInfo:
+        return self._job_info(await self.jobs.cancel(job_id), 0)
+
+    def _job_info(self, job: Job, since: int) -> JobInfo:
+        stdout, stderr, skipped = job.live.since(since)
+        return JobInfo(
+            job_id=job.id,
+            status=job.state,
+            language=job.language,
+            session_id=job.session_id,
+            progress=job.live.summary(),
+            stdout=stdout.decode("utf-8", errors="replace"),
+            stderr=stderr.decode("utf-8", errors="replace"),
+            next_since=job.live.total,
+            skipped_bytes=skipped,
+            result=job.result,
+            error=job.error,
+            expires_in_s=self.jobs.expires_in(job),
+        )
 
     # Languages.
 
@@ -127,9 +216,18 @@ class AppState:
     # Sessions.
 
     async def create_session(
-        self, language: str, libraries: list[str], memory: str | None, cpus: float | None, network: bool
+        self,
+        language: str,
+        libraries: list[str],
+        memory: str | None,
+        cpus: float | None,
+        network: bool,
+        progress: Report | None = None,
     ) -> SessionInfo:
-        session = await self.sessions.create(language, libraries, memory, cpus, network)
+        sessions, live = self.sessions, Live()
+        session = await reporting(
+            live, progress, lambda: sessions.create(language, libraries, memory, cpus, network, live)
+        )
         return SessionInfo.model_validate(session.describe())
 
     async def close_session(self, session_id: str) -> Closed:

@@ -3,10 +3,11 @@ automatically (BACKEND=auto: the first engine that answers, in the order Docker,
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from importlib import import_module
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Literal, Protocol, get_args, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, get_args, runtime_checkable
 
 import anyio
 
@@ -15,6 +16,9 @@ from llm_sandbox_mcp.models import WORKDIR, ExecResult, SandboxRef, SandboxSpec
 
 if TYPE_CHECKING:
     from llm_sandbox_mcp.config import Settings
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 BackendName = Literal["docker", "podman", "kubernetes", "bubblewrap"]
@@ -123,6 +127,48 @@ class Backend(Protocol):
     async def aclose(self) -> None:
         """Destroy every sandbox this process created and release the engine connection."""
         ...
+
+
+async def stop_on_cancel(backend: Backend, ref: SandboxRef, work: Callable[[], Awaitable[T]]) -> T:
+    """Await `work` (execs in `ref`); if the caller is cancelled meanwhile, kill every process in the sandbox.
+
+    A blocking engine call in a worker thread cannot be cancelled, so it would hold a cancelled caller until
+    its own timeout: killing its processes from outside makes it return now, and the cancellation goes on.
+    Work that fails is followed by the same kill.
+    """
+    finished = False
+    ended = anyio.Event()
+
+    async def watch() -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            if not finished:
+                with anyio.CancelScope(shield=True):
+                    # Again every second until the work returns: a process that started after a kill is killed too.
+                    while not ended.is_set():
+                        try:
+                            await backend.kill_all(ref)
+                        except SandboxError as exc:  # the sandbox is gone: so is everything that ran in it
+                            logger.info("Could not kill the processes of %s: %s", ref.id[:12], exc)
+                        with anyio.move_on_after(1.0):
+                            await ended.wait()
+
+    failure: Exception | None = None
+    outcome: list[T] = []
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(watch)
+        try:
+            outcome.append(await work())
+            finished = True  # only work that ended by itself is left alone
+        except Exception as exc:  # raised below, outside the task group, so not wrapped in an ExceptionGroup
+            failure = exc
+        finally:
+            ended.set()
+            tasks.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    return outcome[0]
 
 
 def load_backend(name: str, settings: Settings) -> Backend:

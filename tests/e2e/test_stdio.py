@@ -61,6 +61,30 @@ async def test_a_client_with_a_minimal_environment_runs_code_and_gets_plots(dock
             assert download.structured_content is not None and download.structured_content["content"] == "hi"
 
 
+async def test_over_stdio_a_long_call_sends_progress_and_a_foreground_call_past_the_limit_becomes_a_job(
+    docker_required: None,
+) -> None:
+    env = {**ENV, "SANDBOX_FOREGROUND_LIMIT": "5"}
+    code = "import time\nfor step in range(10):\n    print(f'step {step}', flush=True)\n    time.sleep(0.75)"
+    messages: list[str] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        messages.append(message or "")
+
+    with anyio.fail_after(120):
+        async with Client(StdioServerParameters(command=SCRIPT, env=env)) as client:
+            handed = await client.call_tool("execute_code", {"code": code}, progress_callback=on_progress)
+            assert handed.structured_content is not None and handed.structured_content["status"] == "running"
+            job = {"job_id": handed.structured_content["job_id"], "wait": 3}
+            info = handed.structured_content
+            while info.get("status") == "running":
+                polled = await client.call_tool("get_job", job)
+                assert polled.structured_content is not None
+                info = polled.structured_content
+    assert info["status"] == "finished" and info["result"]["stdout"].endswith("step 9\n")
+    assert any(message.startswith("running python") and "last line: step" in message for message in messages)
+
+
 def test_malformed_protocol_messages_do_not_kill_the_server(docker_required: None) -> None:
     init = {
         "jsonrpc": "2.0",

@@ -78,6 +78,19 @@ class RecordingBackend:
         self.name = inner.name
         self.install_network = inner.install_network
         self.argvs: list[list[str]] = []
+        self._watched: list[tuple[str, anyio.Event]] = []
+
+    def exec_of(self, word: str) -> anyio.Event:
+        """An event set once an exec whose argv mentions `word` is made."""
+        event = anyio.Event()
+        self._watched.append((word, event))
+        return event
+
+    def _record(self, argv: Sequence[str]) -> None:
+        self.argvs.append(list(argv))
+        for word, event in self._watched:
+            if any(word in part for part in argv):
+                event.set()
 
     async def create(self, spec: SandboxSpec) -> SandboxRef:
         return await self.inner.create(spec)
@@ -93,7 +106,7 @@ class RecordingBackend:
         workdir: PurePosixPath = WORKDIR,
         output_limit: int | None = None,
     ) -> ExecResult:
-        self.argvs.append(list(argv))
+        self._record(argv)
         return await self.inner.exec(
             ref, argv, timeout=timeout, stdin=stdin, env=env, workdir=workdir, output_limit=output_limit
         )
@@ -106,7 +119,7 @@ class RecordingBackend:
         env: Mapping[str, str] | None = None,
         workdir: PurePosixPath = WORKDIR,
     ) -> SandboxProcess:
-        self.argvs.append(list(argv))
+        self._record(argv)
         return await self.inner.start(ref, argv, env=env, workdir=workdir)
 
     async def kill_all(self, ref: SandboxRef) -> None:

@@ -51,6 +51,7 @@ class FakeKernel:
         self.env = env
         self.pending = bytearray(frame(b"H", json.dumps({"pid": 42, "python": "3.12.0"}).encode()))
         self.inbox = bytearray()
+        self.busy = False
 
     async def send(self, data: bytes) -> None:
         self.inbox += data
@@ -65,16 +66,31 @@ class FakeKernel:
     def _run(self, request: dict[str, object]) -> None:
         call = Call(["python3", "-c", "<kernel>"], str(request["code"]).encode(), self.env, 0.0)
         self.backend.calls.append(call)
+        self.backend.kernel = self
+        self.backend.running.set()
         result = self.backend.handler(call)
         self.pending += frame(b"O", result.stdout) + frame(b"E", result.stderr)
         for name, data in self.backend.outputs.items():
             header = json.dumps({"name": name, "size": len(data), "inline": True}).encode()
             self.pending += frame(b"F", header + b"\n" + data)
         if result.timed_out:
+            self.busy = True
             return  # never answers: the server's deadline must fire
         self.pending += frame(b"D", json.dumps({"exit": result.exit_code}).encode())
 
+    def interrupt(self) -> None:
+        """SIGINT: a busy cell that honours it ends with KeyboardInterrupt, as the real kernel does."""
+        if self.busy:
+            self.busy = False
+            self.pending += frame(b"E", b"KeyboardInterrupt\n") + frame(b"D", json.dumps({"exit": 1}).encode())
+
     async def receive(self, timeout: float) -> bytes | None:
+        gate = self.backend.gate
+        if gate is not None and not gate.is_set() and self.backend.kernel is self:
+            with anyio.move_on_after(timeout):
+                await gate.wait()
+            if not gate.is_set():
+                return None
         if self.pending:
             data = bytes(self.pending)
             self.pending.clear()
@@ -108,6 +124,17 @@ class FakeBackend:
     killed: list[str] = field(default_factory=lambda: [])
     dropped: list[str] = field(default_factory=lambda: [])
     closed: bool = False
+    # `hang`: a run (an exec the handler answers) blocks, uncancellable like an engine call in a worker thread,
+    # until kill_all or destroy ends it. `interruptible`: a hung kernel cell honours SIGINT.
+    hang: bool = False
+    interruptible: bool = False
+    running: anyio.Event = field(default_factory=anyio.Event)
+    kill_seen: anyio.Event = field(default_factory=anyio.Event)
+    destroy_seen: anyio.Event = field(default_factory=anyio.Event)
+    kernel: FakeKernel | None = None
+    # While not set, runs (kernel or exec) do not end: the test decides when they finish.
+    gate: anyio.Event | None = None
+    _ended: anyio.Event = field(default_factory=anyio.Event)
 
     async def create(self, spec: SandboxSpec) -> SandboxRef:
         if self.create_error is not None:
@@ -130,6 +157,17 @@ class FakeBackend:
         self.calls.append(call)
         if argv[:2] == ["tar", "-c"]:
             return ok(tar_of(self.outputs))
+        if argv[:2] == ["kill", "-INT"]:
+            if self.interruptible and self.kernel is not None:
+                self.kernel.interrupt()
+            return ok()
+        if self.gate is not None and argv[0] not in ("test", "find", "touch"):
+            await self.gate.wait()
+        if self.hang and argv[0] not in ("test", "find", "touch"):
+            self.running.set()
+            with anyio.CancelScope(shield=True):
+                await self._ended.wait()
+            return ExecResult(137, b"", b"", timed_out=False)
         return self.handler(call)
 
     async def start(
@@ -144,9 +182,13 @@ class FakeBackend:
 
     async def kill_all(self, ref: SandboxRef) -> None:
         self.killed.append(ref.id)
+        self._ended.set()
+        self.kill_seen.set()
 
     async def destroy(self, ref: SandboxRef) -> None:
         self.destroyed.append(ref.id)
+        self._ended.set()
+        self.destroy_seen.set()
 
     async def drop_cache(self, key: str) -> None:
         self.dropped.append(key)

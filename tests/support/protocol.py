@@ -29,6 +29,8 @@ TOOLS = {
     "upload_file",
     "download_file",
     "list_files",
+    "get_job",
+    "cancel_job",
 }
 
 

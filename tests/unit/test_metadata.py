@@ -32,6 +32,8 @@ HINTS = {
     "upload_file": (False, True, True, False),
     "download_file": (False, True, True, False),
     "list_files": (True, False, True, False),
+    "get_job": (True, False, True, False),
+    "cancel_job": (False, True, True, False),
 }
 
 

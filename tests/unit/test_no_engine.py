@@ -25,6 +25,8 @@ CALLS: dict[str, dict[str, Any]] = {
     "upload_file": {"session_id": "s-0000000000000000", "path": "a.txt", "content": "x"},
     "download_file": {"session_id": "s-0000000000000000", "path": "a.txt"},
     "list_files": {"session_id": "s-0000000000000000"},
+    "get_job": {"job_id": "j-000000000000"},
+    "cancel_job": {"job_id": "j-000000000000"},
 }
 
 

@@ -44,6 +44,8 @@ async def test_tools_have_strict_input_schemas_and_output_schemas() -> None:
         "upload_file",
         "download_file",
         "list_files",
+        "get_job",
+        "cancel_job",
     }
     for tool in tools.values():
         assert tool.input_schema.get("additionalProperties") is False

@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 _MIN_TTL = 24 * 3600
 _RBAC_HINT = "the server's identity needs the Role in the README's Kubernetes section"
+# How often a library cache claim that is being deleted is checked again before it is made anew.
+_CLAIM_POLL_SECONDS = 0.5
 
 
 class KubernetesEngine:
@@ -180,15 +182,36 @@ class KubernetesEngine:
             self._policy_ensured = True
 
     def _ensure_claim(self, key: str) -> None:
-        try:
-            self._call(
-                "core", "create_namespaced_persistent_volume_claim", self.namespace, cache_claim(key, self._claim)
-            )
-        except ApiFailure as exc:
-            if exc.status != 409:
+        """Create the cache's claim unless it exists. A claim still being deleted (a cache dropped after a failed
+        or cancelled install, kept by `pvc-protection` until its last pod is gone) is waited out and made anew:
+        a pod on it would never be scheduled."""
+        name = CACHE_PREFIX + key
+        deadline = time.monotonic() + self._start_timeout
+        while True:
+            try:
+                self._call(
+                    "core", "create_namespaced_persistent_volume_claim", self.namespace, cache_claim(key, self._claim)
+                )
+                return
+            except ApiFailure as exc:
+                if exc.status != 409:
+                    raise SandboxFailure(f"Kubernetes refused the library cache volume {name}: {exc.message}") from exc
+            try:
+                claim = self._call("core", "read_namespaced_persistent_volume_claim", name, self.namespace)
+            except ApiFailure as exc:
+                if exc.status == 404:
+                    continue  # deleted meanwhile: create it now
                 raise SandboxFailure(
-                    f"Kubernetes refused the library cache volume {CACHE_PREFIX + key}: {exc.message}"
+                    f"Kubernetes could not read the library cache volume {name}: {exc.message}"
                 ) from exc
+            if not claim.get("metadata", {}).get("deletionTimestamp"):
+                return
+            if time.monotonic() > deadline:
+                raise SandboxFailure(
+                    f"The library cache volume {name} was still being deleted after {self._start_timeout:g} s "
+                    "(SANDBOX_K8S_START_TIMEOUT); try again later"
+                )
+            time.sleep(_CLAIM_POLL_SECONDS)
 
     # ---- processes ------------------------------------------------------------------------------
 
