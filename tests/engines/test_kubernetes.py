@@ -7,6 +7,7 @@ sessions suites cover everything the backend shares with the other engines.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import subprocess
@@ -19,6 +20,7 @@ from typing import Any, cast
 import anyio
 import pytest
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import ws_client
 
 from llm_sandbox_mcp.backends import _owner, load_backend
@@ -51,9 +53,14 @@ def namespace(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def core(namespace: str) -> Iterator[Any]:
     api = config.new_client_from_config(config_file=str(kube.kubeconfig()))  # pyright: ignore[reportUnknownMemberType]
+    core = client.CoreV1Api(api)
     try:
-        yield client.CoreV1Api(api)
+        yield core
     finally:
+        # Pods a test made itself (as a foreign server would) go with the test, not at the end of the run.
+        for pod in read(core.list_namespaced_pod, namespace)["items"]:
+            with contextlib.suppress(ApiException):  # already gone
+                core.delete_namespaced_pod(pod["metadata"]["name"], namespace, grace_period_seconds=0)
         api.close()
 
 

@@ -43,12 +43,17 @@ def _peak_rss() -> int:
 
 @pytest.fixture(autouse=True)
 def host_unharmed(engine: str) -> Iterator[None]:
-    """Set up before the sandboxes and torn down after them, so it sees what the attack left behind."""
-    rss, free = _peak_rss(), shutil.disk_usage("/").free
+    """Set up before the sandboxes and torn down after them, so it sees what the attack left behind (processes
+    of the sandbox user that other tests left running before this one are not its concern)."""
+    rss, free, before = _peak_rss(), shutil.disk_usage("/").free, set(sandbox_user_processes())
     yield
+
+    def left() -> list[str]:
+        return [process for process in sandbox_user_processes() if process not in before]
+
     deadline = time.monotonic() + _SETTLE_SECONDS  # the Kubernetes double removes containers in the background
-    while sandbox_user_processes() and time.monotonic() < deadline:
+    while left() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert sandbox_user_processes() == [], f"processes of the sandbox user outlived the {engine} sandboxes"
+    assert left() == [], f"processes of the sandbox user outlived the {engine} sandboxes"
     assert _peak_rss() - rss < _MARGIN, "the server's memory grew past the margin"
     assert free - shutil.disk_usage("/").free < _MARGIN, "the host's disk filled past the margin"
