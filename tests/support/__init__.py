@@ -1,1 +1,1 @@
-"""Test support code: the Kubernetes API server test double and the local package registries."""
+"""Test support code: the Kubernetes API server test double, the local package registries and the stand-in models."""
