@@ -21,6 +21,7 @@ from tests.e2e.test_clients import _npm_client  # pyright: ignore[reportPrivateU
 from tests.e2e.test_stdio import SCRIPT
 from tests.engines.conftest import require_now
 from tests.support.model_stand_ins import JSON, AnthropicStandIn, GeminiStandIn, Say, ToolCall
+from tests.support.offline import CLAUDE_OFFLINE, CODEX_OFFLINE, quiet_gemini
 
 pytestmark = [pytest.mark.e2e, pytest.mark.docker]
 
@@ -51,10 +52,6 @@ def _is_png(data: str) -> bool:
 
 # Codex: the model URL goes to a closed port on 127.0.0.1; plugins (a git clone from GitHub), apps and update
 # checks are off.
-CODEX_OFFLINE = [
-    "-c", 'openai_base_url="http://127.0.0.1:9/v1"', "-c", "analytics.enabled=false",
-    "--disable", "plugins", "--disable", "remote_plugin", "--disable", "apps", "--disable", "in_app_updates",
-]  # fmt: skip
 
 
 def _codex_call(codex: str, home: Path, tool: str, arguments: JSON) -> JSON:
@@ -120,10 +117,8 @@ def _gemini_home(home: Path, project: Path) -> None:
     path = home / ".gemini" / "settings.json"
     settings: JSON = json.loads(path.read_text())
     settings["security"] = {"auth": {"selectedType": "gemini-api-key"}}
-    settings["privacy"] = {"usageStatisticsEnabled": False}
-    settings["telemetry"] = {"enabled": False}
-    settings["general"] = {"disableAutoUpdate": True, "disableUpdateNag": True}
     path.write_text(json.dumps(settings))
+    quiet_gemini(home)
     (home / ".gemini" / "trustedFolders.json").write_text(json.dumps({str(project): "TRUST_FOLDER"}))
 
 
@@ -161,16 +156,6 @@ def test_gemini_relays_stdout_exit_code_and_the_plot_to_its_model(docker_require
     images = [part["inlineData"] for part in parts if "inlineData" in part]
     assert [image["mimeType"] for image in images] == ["image/png"]
     assert _is_png(images[0]["data"])
-
-
-CLAUDE_OFFLINE = {
-    "ENABLE_TOOL_SEARCH": "false",
-    "MCP_CONNECTION_NONBLOCKING": "0",
-    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    "DISABLE_TELEMETRY": "1",
-    "DISABLE_AUTOUPDATER": "1",
-    "DISABLE_ERROR_REPORTING": "1",
-}
 
 
 def test_claude_code_relays_a_background_job_and_then_its_result(docker_required: None, tmp_path: Path) -> None:

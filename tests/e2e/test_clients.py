@@ -11,6 +11,7 @@ import pytest
 
 from tests.e2e.test_stdio import ENV, SCRIPT
 from tests.engines.conftest import require_now
+from tests.support.offline import CLAUDE_OFFLINE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.docker]
 
@@ -35,7 +36,7 @@ def docker_required(request: pytest.FixtureRequest) -> None:
 
 def test_mcp_inspector_cli_lists_and_calls_tools(docker_required: None, tmp_path: Path) -> None:
     inspector = _npm_client("@modelcontextprotocol/inspector@0.15", "mcp-inspector")
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **ENV}
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **CLAUDE_OFFLINE, **ENV}
     listed = subprocess.run(
         [str(inspector), "--cli", SCRIPT, "--method", "tools/list"], capture_output=True, timeout=120, env=env
     )
@@ -53,7 +54,7 @@ def test_mcp_inspector_cli_lists_and_calls_tools(docker_required: None, tmp_path
 
 def test_claude_code_health_check_connects(docker_required: None, tmp_path: Path) -> None:
     claude = _npm_client("@anthropic-ai/claude-code", "claude")
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **ENV}
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **CLAUDE_OFFLINE, **ENV}
     added = subprocess.run(
         [str(claude), "mcp", "add", "llm-sandbox", "--", SCRIPT],
         capture_output=True, timeout=120, env=env, cwd=tmp_path,

@@ -18,6 +18,7 @@ import pytest
 
 from tests.e2e.test_clients import _npm_client  # pyright: ignore[reportPrivateUsage]
 from tests.e2e.test_stdio import SCRIPT
+from tests.support.offline import CLAUDE_OFFLINE, CODEX_OFFLINE, quiet_gemini
 
 pytestmark = [pytest.mark.e2e]
 
@@ -27,7 +28,7 @@ QUIET = ["--env", "SANDBOX_LOG_LEVEL=WARNING"]
 
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
-    return {"PATH": "/usr/bin:/bin", "HOME": str(home), **extra}
+    return {"PATH": "/usr/bin:/bin", "HOME": str(home), **CLAUDE_OFFLINE, **extra}
 
 
 def _run(argv: list[str], home: Path, **extra: str) -> subprocess.CompletedProcess[str]:
@@ -89,6 +90,7 @@ def test_gemini_connects_and_the_variables_it_would_redact_reach_the_server(tmp_
     settings = json.loads((tmp_path / ".gemini" / "settings.json").read_text())
     assert settings["mcpServers"]["llm-sandbox"]["command"] == "env"
     # Gemini itself runs with the variable set: it is the redaction, not a missing value, that the entry survives.
+    quiet_gemini(tmp_path)
     listed = _run([gemini, "mcp", "list"], tmp_path, GEMINI_CLI_TRUST_WORKSPACE="true", SSL_CERT_FILE=CA_BUNDLE)
     output = listed.stdout + listed.stderr  # Gemini CLI prints the list on stderr
     line = next((line for line in output.splitlines() if "llm-sandbox:" in line), "")
@@ -119,7 +121,7 @@ def _codex_server_tools(codex: str, home: Path) -> set[str]:
         {"id": 1, "method": "mcpServerStatus/list", "params": {}},
     ]
     with subprocess.Popen(
-        [codex, "app-server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        [codex, "app-server", *CODEX_OFFLINE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         text=True, env=_env(home), cwd=home,
     ) as server:  # fmt: skip
         assert server.stdin is not None and server.stdout is not None
