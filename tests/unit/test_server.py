@@ -13,6 +13,7 @@ from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing
 from llm_sandbox_mcp.models import ExecResult
 from llm_sandbox_mcp.server import build_server
 from tests.support.fakes import Call, FakeBackend, ok
+from tests.support.protocol import TOOLS
 
 pytestmark = pytest.mark.anyio
 
@@ -34,19 +35,7 @@ async def _call(backend: FakeBackend, arguments: dict[str, Any], **settings: Any
 async def test_tools_have_strict_input_schemas_and_output_schemas() -> None:
     async with Client(build_server(Settings(), FakeBackend())) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
-    assert set(tools) == {
-        "execute_code",
-        "get_supported_languages",
-        "get_language_details",
-        "create_session",
-        "close_session",
-        "list_sessions",
-        "upload_file",
-        "download_file",
-        "list_files",
-        "get_job",
-        "cancel_job",
-    }
+    assert set(tools) == TOOLS
     for tool in tools.values():
         assert tool.input_schema.get("additionalProperties") is False
         assert tool.output_schema is not None and tool.output_schema["type"] == "object"
