@@ -189,7 +189,7 @@ class Executor:
         """Run a program in a leased sandbox. With a `cell` (a session) the interpreter keeps its state, a lost
         one is started again first, and only files that changed since the last cell come back.
 
-        Output reaches `live` as it arrives (at the end, for languages without a warm interpreter). Cancelling
+        Output reaches `live` as it arrives. Cancelling
         the caller stops the run first: a cell is interrupted as at a timeout (the session stays usable), and
         anything else is killed from outside with every process in the sandbox.
         """
@@ -224,10 +224,9 @@ class Executor:
                     stdin=program.source,
                     env=sandbox_env(lang, ref.spec.cache is not None),
                     output_limit=self.settings.sandbox_output_limit,
+                    on_output=live.feed,
                 ),
             )
-            live.feed("stdout", result.stdout)
-            live.feed("stderr", result.stderr)
             # Nothing of the program may still run while its files are read: no process swaps them mid-read.
             await self.backend.kill_all(lease.ref)
             outputs = await self._collect_outputs(lease.ref)

@@ -6,6 +6,7 @@ import re
 import time
 import unicodedata
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Literal
@@ -104,13 +105,16 @@ class HeadTail:
     Memory stays bounded however much the process writes.
     """
 
-    def __init__(self, limit: int | None) -> None:
+    def __init__(self, limit: int | None, listener: Callable[[bytes], None] | None = None) -> None:
         self.limit = limit
+        self._listener = listener
         self._head = bytearray()
         self._tail = bytearray()
         self.dropped = 0
 
     def feed(self, data: bytes) -> None:
+        if self._listener is not None and data:
+            self._listener(data)
         if self.limit is None:
             self._head += data
             return
@@ -140,6 +144,18 @@ class HeadTail:
 
 
 Stream = Literal["stdout", "stderr"]
+OutputListener = Callable[[Stream, bytes], None]
+"""Told every chunk of a process's output as it arrives (in the event loop's thread)."""
+
+
+def captures(limit: int | None, listener: OutputListener | None) -> tuple[HeadTail, HeadTail]:
+    """The stdout and stderr captures of one process, each telling `listener` what it is fed."""
+    if listener is None:
+        return HeadTail(limit), HeadTail(limit)
+    heard = listener
+    return HeadTail(limit, lambda data: heard("stdout", data)), HeadTail(limit, lambda data: heard("stderr", data))
+
+
 # Escape sequences (colours, cursor moves) that would garble a one-line progress message.
 _ESCAPES = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|.)")
 _LINE_CHARS = 200

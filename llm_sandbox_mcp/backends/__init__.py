@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, get_args, runtime_
 import anyio
 
 from llm_sandbox_mcp.errors import BackendUnavailable, SandboxError
-from llm_sandbox_mcp.models import WORKDIR, ExecResult, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.models import WORKDIR, ExecResult, OutputListener, SandboxRef, SandboxSpec
 
 if TYPE_CHECKING:
     from llm_sandbox_mcp.config import Settings
@@ -89,8 +89,11 @@ class Backend(Protocol):
         env: Mapping[str, str] | None = None,
         workdir: PurePosixPath = WORKDIR,
         output_limit: int | None = None,
+        on_output: OutputListener | None = None,
     ) -> ExecResult:
-        """Run argv as the sandbox user; output beyond `output_limit` per stream keeps head and tail."""
+        """Run argv as the sandbox user; output beyond `output_limit` per stream keeps head and tail.
+
+        `on_output` hears each chunk of output as it arrives, in the event loop's thread."""
         ...
 
     async def start(

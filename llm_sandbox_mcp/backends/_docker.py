@@ -35,7 +35,15 @@ from llm_sandbox_mcp.backends._stream import SocketProcess, pump, send_stdin
 from llm_sandbox_mcp.backends._threaded import Threaded
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure
-from llm_sandbox_mcp.models import WORKDIR, ExecResult, HeadTail, Limits, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.models import (
+    WORKDIR,
+    ExecResult,
+    Limits,
+    OutputListener,
+    SandboxRef,
+    SandboxSpec,
+    captures,
+)
 from llm_sandbox_mcp.seccomp import PROFILE_JSON, ours_applies
 
 logger = logging.getLogger(__name__)
@@ -214,6 +222,7 @@ class DockerEngine:
         env: dict[str, str],
         workdir: PurePosixPath,
         output_limit: int | None,
+        on_output: OutputListener | None = None,
     ) -> ExecResult:
         api = self._docker().api
         user = _user(ref)
@@ -228,7 +237,7 @@ class DockerEngine:
         except docker.errors.APIError as exc:
             raise SandboxFailure(f"Docker could not run a process in the sandbox: {exc.explanation}") from exc
         sock = cast(socket.socket, getattr(stream, "_sock", stream))
-        out, err = HeadTail(output_limit), HeadTail(output_limit)
+        out, err = captures(output_limit, on_output)
         try:
             # The process may exit without reading its input; its output still tells why.
             with contextlib.suppress(OSError):

@@ -11,10 +11,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Protocol
 
+import anyio.from_thread
 import anyio.to_thread
 
 from llm_sandbox_mcp.backends import SandboxProcess
-from llm_sandbox_mcp.models import WORKDIR, ExecResult, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.models import WORKDIR, ExecResult, OutputListener, SandboxRef, SandboxSpec, Stream
 
 
 class Engine(Protocol):
@@ -37,8 +38,11 @@ class Engine(Protocol):
         env: dict[str, str],
         workdir: PurePosixPath,
         output_limit: int | None,
+        on_output: OutputListener | None,
         /,
-    ) -> ExecResult: ...
+    ) -> ExecResult:
+        """As `Backend.exec`, but `on_output` is called in the worker thread that runs this."""
+        ...
 
     def start(
         self, ref: SandboxRef, argv: list[str], env: dict[str, str], workdir: PurePosixPath
@@ -94,9 +98,11 @@ class Threaded:
         env: Mapping[str, str] | None = None,
         workdir: PurePosixPath = WORKDIR,
         output_limit: int | None = None,
+        on_output: OutputListener | None = None,
     ) -> ExecResult:
+        relay = None if on_output is None else _into_event_loop(on_output)
         return await anyio.to_thread.run_sync(
-            self.engine.exec, ref, list(argv), timeout, stdin, dict(env or {}), workdir, output_limit
+            self.engine.exec, ref, list(argv), timeout, stdin, dict(env or {}), workdir, output_limit, relay
         )
 
     async def start(
@@ -133,3 +139,12 @@ class Threaded:
         for sandbox_id in live:
             self.engine.remove(sandbox_id)
         self.engine.close()
+
+
+def _into_event_loop(listener: OutputListener) -> OutputListener:
+    """`listener`, callable from a worker thread: each call runs in the event loop's thread."""
+
+    def relay(stream: Stream, data: bytes) -> None:
+        anyio.from_thread.run_sync(listener, stream, data)
+
+    return relay

@@ -18,7 +18,7 @@ from llm_sandbox_mcp.backends import Backend, SandboxProcess, load_backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxError
 from llm_sandbox_mcp.executor import Executor
-from llm_sandbox_mcp.models import WORKDIR, ExecResult, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.models import WORKDIR, ExecResult, OutputListener, SandboxRef, SandboxSpec
 from llm_sandbox_mcp.sessions import SessionRegistry
 from tests.engines import kube
 
@@ -105,10 +105,18 @@ class RecordingBackend:
         env: Mapping[str, str] | None = None,
         workdir: PurePosixPath = WORKDIR,
         output_limit: int | None = None,
+        on_output: OutputListener | None = None,
     ) -> ExecResult:
         self._record(argv)
         return await self.inner.exec(
-            ref, argv, timeout=timeout, stdin=stdin, env=env, workdir=workdir, output_limit=output_limit
+            ref,
+            argv,
+            timeout=timeout,
+            stdin=stdin,
+            env=env,
+            workdir=workdir,
+            output_limit=output_limit,
+            on_output=on_output,
         )
 
     async def start(

@@ -81,6 +81,34 @@ async def test_a_cancelled_run_without_a_warm_interpreter_is_killed_from_outside
         await executor.close(lease)
 
 
+async def test_output_of_a_language_without_a_warm_interpreter_arrives_while_it_runs(
+    executor: Executor,
+) -> None:
+    lease = await executor.open(get_language("javascript"), [], executor.limits)
+    # The program prints, then waits for a file that only appears once that first line has been seen.
+    code = """
+    const fs = require("fs");
+    console.log("first line");
+    const wait = setInterval(() => {
+      if (fs.existsSync("/workspace/seen")) { clearInterval(wait); console.log("done"); }
+    }, 20);
+    """
+    program = executor.program(textwrap.dedent(code), "javascript", [], 60)
+    live = Live()
+    try:
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(executor.run, lease, program, None, live)
+                await live.wait_for_output()
+                first, _, _ = live.since(0)
+                assert first == b"first line\n"  # while the program still runs: it has not printed "done"
+                await executor.backend.exec(lease.ref, ["touch", "/workspace/seen"], timeout=30)
+        everything, _, _ = live.since(0)
+        assert everything == b"first line\ndone\n"
+    finally:
+        await executor.close(lease)
+
+
 async def test_a_session_survives_a_cancelled_cell(executor: Executor) -> None:
     registry = SessionRegistry(executor.settings, executor)
     try:

@@ -12,7 +12,7 @@ from pathlib import PurePosixPath
 
 import anyio
 
-from llm_sandbox_mcp.models import WORKDIR, ExecResult, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.models import WORKDIR, ExecResult, OutputListener, SandboxRef, SandboxSpec
 
 
 @dataclass
@@ -152,6 +152,7 @@ class FakeBackend:
         env: Mapping[str, str] | None = None,
         workdir: PurePosixPath = WORKDIR,
         output_limit: int | None = None,
+        on_output: OutputListener | None = None,
     ) -> ExecResult:
         call = Call(list(argv), stdin, dict(env or {}), timeout)
         self.calls.append(call)
@@ -168,7 +169,11 @@ class FakeBackend:
             with anyio.CancelScope(shield=True):
                 await self._ended.wait()
             return ExecResult(137, b"", b"", timed_out=False)
-        return self.handler(call)
+        result = self.handler(call)
+        if on_output is not None:  # as a real engine streams it
+            on_output("stdout", result.stdout)
+            on_output("stderr", result.stderr)
+        return result
 
     async def start(
         self,

@@ -56,7 +56,15 @@ from llm_sandbox_mcp.backends._bubblewrap.seccomp import FILTER
 from llm_sandbox_mcp.backends._container import OOM_SCORE_ADJ
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, SandboxFailure
-from llm_sandbox_mcp.models import WORKDIR, ExecResult, HeadTail, Limits, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.models import (
+    WORKDIR,
+    ExecResult,
+    Limits,
+    OutputListener,
+    SandboxRef,
+    SandboxSpec,
+    captures,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -262,11 +270,12 @@ class BubblewrapBackend:
         env: Mapping[str, str] | None = None,
         workdir: PurePosixPath = WORKDIR,
         output_limit: int | None = None,
+        on_output: OutputListener | None = None,
     ) -> ExecResult:
         box = self._box(ref)
         started = time.monotonic()
         process = await self._spawn(box, argv, env or {}, workdir, cpu_seconds=math.ceil(timeout) + 1)
-        out, err = HeadTail(output_limit), HeadTail(output_limit)
+        out, err = captures(output_limit, on_output)
         timed_out = False
         try:
             async with anyio.create_task_group() as tasks:

@@ -40,7 +40,7 @@ from llm_sandbox_mcp.backends._kubernetes.pod import (
 from llm_sandbox_mcp.backends._threaded import Threaded
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, SandboxFailure
-from llm_sandbox_mcp.models import ExecResult, HeadTail, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.models import ExecResult, HeadTail, OutputListener, SandboxRef, SandboxSpec, captures
 
 logger = logging.getLogger(__name__)
 
@@ -224,13 +224,14 @@ class KubernetesEngine:
         env: dict[str, str],
         workdir: PurePosixPath,
         output_limit: int | None,
+        on_output: OutputListener | None = None,
     ) -> ExecResult:
         begun = time.monotonic()
         # Input goes through `head -c N`, so the command sees end of file whatever the protocol: v4 cannot say
         # "end of stdin", and the API servers behind one address may not all speak v5.
         command = wrap(argv, env, workdir, ref.spec.limits.nofile, len(stdin) if stdin else None)
         exec_stream = self._open_exec(ref.id, command, stdin=bool(stdin))
-        out, err = HeadTail(output_limit), HeadTail(output_limit)
+        out, err = captures(output_limit, on_output)
         try:
             status, timed_out = pump(
                 exec_stream, stdin or None, out, err, begun + timeout, lambda: self._kill_all(ref.id)

@@ -41,7 +41,7 @@ from llm_sandbox_mcp.backends._stream import SocketProcess, pump
 from llm_sandbox_mcp.backends._threaded import Threaded
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure
-from llm_sandbox_mcp.models import ExecResult, HeadTail, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.models import ExecResult, HeadTail, OutputListener, SandboxRef, SandboxSpec, captures
 from llm_sandbox_mcp.seccomp import PROFILE_JSON
 
 logger = logging.getLogger(__name__)
@@ -174,10 +174,11 @@ class PodmanEngine:
         env: dict[str, str],
         workdir: PurePosixPath,
         output_limit: int | None,
+        on_output: OutputListener | None = None,
     ) -> ExecResult:
         user = _user(ref)
         started = time.monotonic()
-        out, err = HeadTail(output_limit), HeadTail(output_limit)
+        out, err = captures(output_limit, on_output)
         exit_code, timed_out = self._run(
             ref.id, argv, user, env, workdir, stdin, started + timeout, out, err, lambda: self._kill_all(ref.id)
         )
