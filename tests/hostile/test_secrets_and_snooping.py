@@ -1,0 +1,94 @@
+"""Secrets and snooping on every engine: code looks everywhere the server's secrets or another session's data
+could leak to (its own and every visible process's environment, the host's files, other sandboxes' work) and
+finds nothing; and the server answers the next call."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from llm_sandbox_mcp.executor import Executor
+from llm_sandbox_mcp.sessions import SessionRegistry
+
+pytestmark = pytest.mark.anyio
+
+CANARY = "canary-7f3a9d"
+
+# Every environment and command line this sandbox can read, and host paths that hold credentials.
+LOOK_EVERYWHERE = """
+import glob, os
+found = []
+for path in glob.glob("/proc/[0-9]*/environ") + glob.glob("/proc/[0-9]*/cmdline"):
+    try:
+        with open(path, "rb") as handle:
+            if b"CANARY" in handle.read():
+                found.append(path)
+    except OSError:
+        pass
+for path in ("/root/.docker/config.json", "/root/.kube/config", "/etc/shadow", "/var/run/docker.sock",
+             "/run/podman/podman.sock", "/proc/1/root/etc/shadow"):
+    if os.path.exists(path):
+        try:
+            open(path, "rb").read(1)
+            found.append(path)
+        except OSError:
+            pass
+print("found:", found)
+""".replace("CANARY", CANARY)
+
+
+async def test_the_servers_secrets_are_nowhere_the_code_can_look(
+    executor: Executor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", CANARY)
+    monkeypatch.setenv("LLM_SANDBOX_TOKEN", CANARY)
+    result = await executor.execute(LOOK_EVERYWHERE, timeout=60)
+    assert result.stdout == "found: []\n", result
+    after = await executor.execute("print(1)")
+    assert after.stdout == "1\n"
+
+
+async def test_a_session_cannot_see_another_sessions_processes_files_or_memory(registry: SessionRegistry) -> None:
+    victim = await registry.create("python", [])
+    await registry.execute(
+        victim.id,
+        textwrap.dedent(
+            f"""
+            import subprocess
+            secret = "{CANARY}"
+            open("/workspace/secret.txt", "w").write(secret)
+            open("/tmp/secret.txt", "w").write(secret)
+            keeper = subprocess.Popen(["sleep", "300", "{CANARY}"])
+            """
+        ),
+        [],
+        60,
+    )
+    snoop = await registry.create("python", [])
+    code = textwrap.dedent(
+        f"""
+        import glob, os
+        hits = []
+        for path in glob.glob("/proc/[0-9]*/cmdline") + glob.glob("/proc/[0-9]*/environ"):
+            try:
+                if b"{CANARY}" in open(path, "rb").read():
+                    hits.append(path)
+            except OSError:
+                pass
+        for root in ("/workspace", "/tmp"):
+            for directory, _, names in os.walk(root):
+                for name in names:
+                    try:
+                        if b"{CANARY}" in open(os.path.join(directory, name), "rb").read():
+                            hits.append(os.path.join(directory, name))
+                    except OSError:
+                        pass
+        print("hits:", hits)
+        """
+    )
+    result = await registry.execute(snoop.id, code, [], 60)
+    assert result.stdout == "hits: []\n", result
+    # The victim still has its own data: the search looked in the right places.
+    own = await registry.execute(victim.id, "print(open('/workspace/secret.txt').read(), secret)", [], 60)
+    assert own.stdout == f"{CANARY} {CANARY}\n"
