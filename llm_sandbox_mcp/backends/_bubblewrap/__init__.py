@@ -2,7 +2,7 @@
 
 Shape (see `argv`): one long-lived *holder* bwrap per sandbox owns its namespaces and its size-limited
 tmpfs /workspace and /tmp; each exec enters it with nsenter and runs in a hardened inner bwrap.
-Limits: a cgroup per sandbox (pids, memory, cpu) when one can be made (always as root), plus rlimits. As root
+Limits: a cgroup per sandbox (pids, memory, cpu; without one it refuses to run), plus rlimits. As root
 the sandbox runs as the unprivileged SANDBOX_USER on the host too: root ignores RLIMIT_NPROC, and a sandbox
 whose processes are host root is one bug away from owning the host.
 """
@@ -37,7 +37,6 @@ from llm_sandbox_mcp.backends._bubblewrap.argv import (
     generated_files,
     holder_argv,
     host_env,
-    killer_argv,
     probe_argv,
 )
 from llm_sandbox_mcp.backends._bubblewrap.cgroup import Cgroup, CgroupManager, existing
@@ -94,7 +93,7 @@ class _Sandbox:
     spec: SandboxSpec
     holder: Process
     holder_pid: int
-    cgroup: Cgroup | None
+    cgroup: Cgroup
     state_file: Path
     processes: set[Process] = field(default_factory=lambda: set[Process]())
     closed: bool = False
@@ -209,7 +208,7 @@ class BubblewrapBackend:
         if cgroup is None:
             raise SandboxFailure(f"bubblewrap could not make the sandbox's cgroup: {host.cgroups.problem}")
         state_file = host.state / "sandboxes" / f"{sandbox_id}.json"
-        record = {"labels": _owner.owner_labels(), "cgroups": [str(d) for d in cgroup.dirs] if cgroup else []}
+        record = {"labels": _owner.owner_labels(), "cgroups": [str(d) for d in cgroup.dirs]}
         await anyio.Path(state_file).write_text(json.dumps(record))
         try:
             holder, holder_pid = await self._start_holder(host, spec, cache_dir)
@@ -364,9 +363,6 @@ class BubblewrapBackend:
             wanted[resource.RLIMIT_CPU] = cpu_seconds
         if host.nproc_per_userns:
             wanted[resource.RLIMIT_NPROC] = limits.pids
-        if box.cgroup is None or "memory" not in box.cgroup.controllers:
-            # Writable private memory per process: unlike RLIMIT_AS it leaves the JVM's and V8's reservations be.
-            wanted[resource.RLIMIT_DATA] = limits.memory_bytes
         for kind, value in wanted.items():
             # CPU: SIGXCPU at the soft limit (catchable), SIGKILL a little later.
             soft, hard = value, value + 5 if kind == resource.RLIMIT_CPU else value
@@ -374,8 +370,7 @@ class BubblewrapBackend:
             if ceiling != resource.RLIM_INFINITY:
                 soft, hard = min(soft, ceiling), min(hard, ceiling)
             resource.prlimit(pid, kind, (soft, hard))
-        if box.cgroup is not None:
-            box.cgroup.place(pid)
+        box.cgroup.place(pid)
         # The kernel kills sandboxes before the server when memory runs out (inherited by what the exec starts).
         Path(f"/proc/{pid}/oom_score_adj").write_text(str(OOM_SCORE_ADJ))
 
@@ -393,18 +388,8 @@ class BubblewrapBackend:
             await self._kill_all(box)
 
     async def _kill_all(self, box: _Sandbox) -> None:
-        host = await self._host()
-        if box.cgroup is not None:
-            await anyio.to_thread.run_sync(box.cgroup.kill)
-        elif box.holder.returncode is None:
-            limits = box.spec.limits
-            killer = await anyio.open_process(
-                killer_argv(host.nsenter, box.holder_pid), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, cwd="/", env=host_env(), start_new_session=True,
-                **self._run_as(host, limits.uid, limits.gid),
-            )  # fmt: skip
-            with anyio.move_on_after(10):
-                await killer.wait()
+        """From the host, through the sandbox's cgroup: nothing inside can stop or dodge it."""
+        await anyio.to_thread.run_sync(box.cgroup.kill)
         for process in list(box.processes):
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
@@ -433,9 +418,8 @@ class BubblewrapBackend:
         box.processes.clear()
         await self._forget(box.cgroup, box.state_file)
 
-    async def _forget(self, cgroup: Cgroup | None, state_file: Path) -> None:
-        if cgroup is not None:
-            await anyio.to_thread.run_sync(cgroup.remove)
+    async def _forget(self, cgroup: Cgroup, state_file: Path) -> None:
+        await anyio.to_thread.run_sync(cgroup.remove)
         with contextlib.suppress(FileNotFoundError):
             await anyio.Path(state_file).unlink()
 

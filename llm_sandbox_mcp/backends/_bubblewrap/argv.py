@@ -25,10 +25,6 @@ HOLDER_COMMAND = ("/bin/sh", "-c", "echo; while :; do sleep 3600; done")
 # process, then becomes the real command, so nothing of the sandbox ever runs unlimited. (dash reads stdin one
 # byte at a time, so the rest of stdin is left for the command.)
 GATE = 'read -r _ || exit 125; exec "$@"'
-# Run as the sandbox user in the holder's PID namespace: kills everything there but PID 1 (the holder) and
-# itself, a few rounds to catch what a fork bomb started meanwhile (PID 1 restarts its `sleep` each round).
-KILL_LOOP = "for _ in 1 2 3 4 5 6 7 8 9 10; do kill -9 -1 2>/dev/null; done"
-
 # What runtimes read from /etc (Debian and others link config there from /usr); nothing with secrets (apt's
 # auth.conf.d is readable by root only, and the sandbox user is never host root).
 ETC_ENTRIES = (
@@ -157,12 +153,6 @@ def exec_argv(
         inner += ["--setenv", key, value]
     inner += ["--chdir", str(workdir), "--seccomp", str(seccomp_fd), "--", *argv]
     return ["/bin/sh", "-c", GATE, "sh", *_nsenter(nsenter, holder_pid, limits, as_root), *inner]
-
-
-def killer_argv(nsenter: str, holder_pid: int) -> list[str]:
-    """Run as the sandbox user: no mount namespace needed, the host's /bin/sh does."""
-    enter = [nsenter, "--target", str(holder_pid), "--user", "--pid", "--preserve-credentials", "--"]
-    return [*enter, "/bin/sh", "-c", KILL_LOOP]
 
 
 def host_env() -> dict[str, str]:

@@ -213,7 +213,7 @@ class CgroupManager:
 
     def _fail(self, exc: OSError) -> None:
         self.problem = f"cannot create cgroups here ({exc.strerror}: {exc.filename})"
-        logger.warning("Sandboxes get rlimits only: %s", self.problem)
+        logger.warning("No sandbox cgroups can be made here: %s", self.problem)
 
     def create(self, name: str, limits: Limits) -> Cgroup | None:
         """The sandbox's cgroups with its limits written, or None (and `problem` set) when they cannot be made."""
