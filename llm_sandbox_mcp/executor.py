@@ -160,7 +160,10 @@ class Executor:
         live: Live | None = None,
     ) -> Execution:
         """Run code once in a fresh sandbox from the pool, which is destroyed afterwards (also when cancelled)."""
-        program = self.program(code, language, libraries or [], timeout)
+        return await self.execute_program(self.program(code, language, libraries or [], timeout), live)
+
+    async def execute_program(self, program: Program, live: Live | None = None) -> Execution:
+        """`execute` for a program already validated (`program`)."""
         live = live or Live()
         live.phase = "waiting for a free slot (SANDBOX_MAX_CONCURRENCY)"
         async with self.limiter:

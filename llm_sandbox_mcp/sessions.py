@@ -192,7 +192,10 @@ class SessionRegistry:
         """Run a cell: one at a time per session, in its sandbox, with its interpreter's state.
 
         A cancelled cell ends as if interrupted at its timeout, and the session takes the next one."""
-        program = self.prepare(session_id, code, libraries, timeout)
+        return await self.run_cell(session_id, self.prepare(session_id, code, libraries, timeout), live)
+
+    async def run_cell(self, session_id: str, program: Program, live: Live | None = None) -> Execution:
+        """`execute` for a cell already validated (`prepare`)."""
         session = self.get(session_id)
         live = live or Live()
         live.phase = "waiting for the session's previous call" if session.lock.locked() else "queued"

@@ -96,17 +96,18 @@ class AppState:
         limit, past which the run goes on as a job and its handle comes back."""
         if session_id is not None:
             sessions = self.sessions
-            language = sessions.get(session_id).language.name
-            sessions.prepare(session_id, code, libraries, timeout)  # a request we cannot serve fails now
+            cell = sessions.prepare(session_id, code, libraries, timeout)  # a request we cannot serve fails now
+            language = cell.language.name
 
             async def work(live: Live) -> Execution:
-                return await sessions.execute(session_id, code, libraries, timeout, live)
+                return await sessions.run_cell(session_id, cell, live)
         else:
             executor = self.executor
-            language = executor.program(code, language, libraries, timeout).language.name
+            program = executor.program(code, language, libraries, timeout)
+            language = program.language.name
 
             async def work(live: Live) -> Execution:
-                return await executor.execute(code, language, libraries, timeout, live)
+                return await executor.execute_program(program, live)
 
         outcome = await self.jobs.run(work, language, session_id, background, progress)
         return outcome if isinstance(outcome, Execution) else self._handle(outcome, background)
