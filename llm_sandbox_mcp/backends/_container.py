@@ -41,13 +41,16 @@ def top_processes(listing: Mapping[str, Any]) -> list[Process]:
     return [(int(row[0]), int(row[1]), str(row[2])) for row in rows]
 
 
-def kill_from_outside(signal: Callable[[], None], top: Callable[[], list[Process]], init_pid: int) -> bool:
+def kill_from_outside(signal: Callable[[], None], top: Callable[[], list[Process]], engine_pid: int) -> bool:
     """Have PID 1 kill everything else, and wait until nothing but it and its idle child is left.
 
-    The idle child of the moment is noted first: PID 1 replaces it after killing, so a listing without it
-    proves the kill ran. False when the sandbox did not get there within KILL_SECONDS.
+    `engine_pid` is PID 1 as the engine's inspection gives it. The idle child of the moment is noted first:
+    PID 1 replaces it after killing, so a listing without it proves the kill ran. False when the sandbox did
+    not get there within KILL_SECONDS.
     """
-    before = {pid for pid, parent, _ in top() if parent == init_pid}
+    listing = top()
+    init_pid = _init_pid(listing, engine_pid)
+    before = {pid for pid, parent, _ in listing if parent == init_pid}
     signal()
     deadline = time.monotonic() + KILL_SECONDS
     while time.monotonic() < deadline:
@@ -60,7 +63,7 @@ def kill_from_outside(signal: Callable[[], None], top: Callable[[], list[Process
     return False
 
 
-def init_pid(listing: Sequence[Process], engine_pid: int) -> int:
+def _init_pid(listing: Sequence[Process], engine_pid: int) -> int:
     """PID 1 as this `top` numbers it: the engine's host pid (Docker), or 1 (Podman lists namespace pids)."""
     return engine_pid if any(pid == engine_pid for pid, _, _ in listing) else 1
 

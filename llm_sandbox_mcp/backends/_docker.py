@@ -26,7 +26,6 @@ from llm_sandbox_mcp.backends._container import (
     KILL_SIGNAL,
     OOM_SCORE_ADJ,
     Process,
-    init_pid,
     kill_from_outside,
     rlimits,
     top_processes,
@@ -279,9 +278,8 @@ class DockerEngine:
         api = self._docker().api
         try:
             engine_pid = int(api.inspect_container(container_id)["State"]["Pid"])
-            pid = init_pid(self._top(container_id), engine_pid)
             settled = kill_from_outside(
-                lambda: api.kill(container_id, KILL_SIGNAL), lambda: self._top(container_id), pid
+                lambda: api.kill(container_id, KILL_SIGNAL), lambda: self._top(container_id), engine_pid
             )
         except Exception as exc:  # any failure to prove the kill: the sandbox goes instead
             logger.warning("Could not kill the processes in %s (%s); removing it", container_id[:12], exc)

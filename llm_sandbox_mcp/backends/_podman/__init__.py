@@ -31,7 +31,6 @@ from llm_sandbox_mcp.backends._container import (
     CACHE_PREFIX,
     KILL_SIGNAL,
     Process,
-    init_pid,
     kill_from_outside,
     top_processes,
 )
@@ -256,8 +255,8 @@ class PodmanEngine:
         try:
             inspected = api.get(f"/containers/{container_id}/json")
             inspected.raise_for_status()
-            pid = init_pid(self._top(container_id), int(inspected.json()["State"]["Pid"]))
-            settled = kill_from_outside(lambda: self._signal(container_id), lambda: self._top(container_id), pid)
+            engine_pid = int(inspected.json()["State"]["Pid"])
+            settled = kill_from_outside(lambda: self._signal(container_id), lambda: self._top(container_id), engine_pid)
         except Exception as exc:  # any failure to prove the kill: the sandbox goes instead
             why = detail(exc) if isinstance(exc, APIError) else exc
             logger.warning("Could not kill the processes in %s (%s); removing it", container_id[:12], why)
