@@ -6,6 +6,7 @@ interface and keeps the one record of which sandboxes this process made, so `acl
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import PurePosixPath
@@ -15,7 +16,16 @@ import anyio.from_thread
 import anyio.to_thread
 
 from llm_sandbox_mcp.backends import SandboxProcess
+from llm_sandbox_mcp.errors import SandboxFailure
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, OutputListener, SandboxRef, SandboxSpec, Stream
+
+# An engine call that runs a process returns by itself once the process's timeout has passed (the engine kills
+# it and drains its stream); past this much more it is hung in the engine (an exec that never starts, a request
+# write that never completes) and is abandoned, so a call is bounded by its own timeout, not the SDK client's.
+ENGINE_GRACE = 15.0
+_START_SECONDS = 60.0
+
+logger = logging.getLogger(__name__)
 
 
 class Engine(Protocol):
@@ -101,9 +111,22 @@ class Threaded:
         on_output: OutputListener | None = None,
     ) -> ExecResult:
         relay = None if on_output is None else _into_event_loop(on_output)
-        return await anyio.to_thread.run_sync(
-            self.engine.exec, ref, list(argv), timeout, stdin, dict(env or {}), workdir, output_limit, relay
-        )
+        bound = timeout + ENGINE_GRACE
+        with anyio.move_on_after(bound):
+            return await anyio.to_thread.run_sync(
+                self.engine.exec,
+                ref,
+                list(argv),
+                timeout,
+                stdin,
+                dict(env or {}),
+                workdir,
+                output_limit,
+                relay,
+                abandon_on_cancel=True,
+            )
+        await self._unblock(ref)
+        raise SandboxFailure(f"The {self.name} engine did not finish a {timeout:g} s run within {bound:g} s")
 
     async def start(
         self,
@@ -113,7 +136,20 @@ class Threaded:
         env: Mapping[str, str] | None = None,
         workdir: PurePosixPath = WORKDIR,
     ) -> SandboxProcess:
-        return await anyio.to_thread.run_sync(self.engine.start, ref, list(argv), dict(env or {}), workdir)
+        with anyio.move_on_after(_START_SECONDS):
+            return await anyio.to_thread.run_sync(
+                self.engine.start, ref, list(argv), dict(env or {}), workdir, abandon_on_cancel=True
+            )
+        await self._unblock(ref)
+        raise SandboxFailure(f"The {self.name} engine did not start a process within {_START_SECONDS:g} s")
+
+    async def _unblock(self, ref: SandboxRef) -> None:
+        """After abandoning a hung engine call: kill what runs in the sandbox, so the call's thread can return."""
+        with anyio.move_on_after(ENGINE_GRACE):
+            try:
+                await anyio.to_thread.run_sync(self.engine.kill_all, ref, abandon_on_cancel=True)
+            except SandboxFailure as exc:
+                logger.info("Could not kill the processes of %s: %s", ref.id[:12], exc)
 
     async def kill_all(self, ref: SandboxRef) -> None:
         await anyio.to_thread.run_sync(self.engine.kill_all, ref)
