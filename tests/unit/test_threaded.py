@@ -86,13 +86,16 @@ async def test_an_exec_hung_in_the_engine_ends_after_its_timeout_and_grace_with_
     await backend.aclose()
 
 
-async def test_a_cancelled_caller_does_not_wait_for_a_hung_engine_call() -> None:
+async def test_a_cancelled_caller_waits_for_a_hung_engine_call_only_up_to_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("llm_sandbox_mcp.backends._threaded.ENGINE_GRACE", 0.5)
     engine = HungEngine()
     backend = Threaded(engine)
     ref = await backend.create(SandboxSpec("img", Limits()))
     with anyio.fail_after(30):
         with anyio.move_on_after(0.2) as scope:
-            await backend.exec(ref, ["sleep", "1000"], timeout=300)
+            await backend.exec(ref, ["sleep", "1000"], timeout=0.5)
         assert scope.cancelled_caught
+    assert engine.killed.is_set(), "the hung call's sandbox processes were killed so its thread can return"
     await backend.aclose()
-    assert engine.killed.is_set()
