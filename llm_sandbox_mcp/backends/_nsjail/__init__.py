@@ -8,8 +8,10 @@ shared through `HostSandbox`; the seccomp policy is the project's one, rendered 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
@@ -37,6 +39,12 @@ def _holder_pid(nsjail_pid: int) -> int:
     if len(children) != 1:
         raise ValueError(f"the holder's nsjail has {len(children)} children")
     return int(children[0])
+
+
+def _kill_jail(nsjail_pid: int) -> None:
+    """SIGKILL the jail's PID 1 (and so its PID namespace), if it was started."""
+    with contextlib.suppress(OSError, ValueError):
+        os.kill(_holder_pid(nsjail_pid), signal.SIGKILL)
 
 
 class NsjailBackend(HostSandbox[Nsjail]):
@@ -110,8 +118,14 @@ class NsjailBackend(HostSandbox[Nsjail]):
         except (anyio.EndOfStream, anyio.BrokenResourceError, TimeoutError, OSError, ValueError) as exc:
             message = ""
             with anyio.CancelScope(shield=True):
+                _kill_jail(holder.pid)
                 message = await holder_error(holder)
             raise SandboxFailure(f"nsjail could not create a sandbox: {message or exc!r}") from exc
+        except BaseException:  # cancelled: a SIGKILLed nsjail would leave its jail running
+            with anyio.CancelScope(shield=True):
+                _kill_jail(holder.pid)
+                await holder_error(holder)
+            raise
 
     def _exec_command(
         self, host: HostInfo[Nsjail], box: Sandbox, argv: Sequence[str], env: Mapping[str, str], workdir: PurePosixPath
