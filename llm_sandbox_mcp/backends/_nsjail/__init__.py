@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
@@ -92,10 +93,12 @@ class NsjailBackend(HostSandbox[Nsjail]):
         for dest, data in generated_files(limits).items():
             path = directory / Path(dest).name
             if not path.is_file() or path.read_bytes() != data:
-                work = path.with_suffix(f".{os.getpid()}")
-                work.write_bytes(data)
-                work.chmod(0o644)
-                work.replace(path)
+                # Sandboxes start concurrently (worker threads): each writes its own file, then renames it.
+                fd, work = tempfile.mkstemp(dir=directory)
+                with os.fdopen(fd, "wb") as out:
+                    out.write(data)
+                os.chmod(work, 0o644)
+                os.replace(work, path)
             placed[dest] = path
         return placed
 
