@@ -17,7 +17,7 @@ from llm_sandbox_mcp.defaults import IMAGES, SANDBOX_USER
 from llm_sandbox_mcp.errors import ConfigError
 from llm_sandbox_mcp.models import MIN_CPUS, MIN_MEMORY, Limits
 
-BackendChoice = Literal["auto", "docker", "podman", "kubernetes", "bubblewrap"]
+BackendChoice = Literal["auto", "docker", "podman", "kubernetes", "bubblewrap", "nsjail"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 _SECURE = Limits()
 
@@ -116,6 +116,7 @@ class Settings(BaseSettings):
     sandbox_artifact_limit: Size = 4 * 1024**2
     sandbox_log_level: LogLevel = "INFO"
     sandbox_bwrap_path: Path | None = None
+    sandbox_nsjail_path: Path | None = None
     sandbox_k8s_runtime_class: str | None = None
     sandbox_k8s_node_selector: KeyValues = Field(default_factory=lambda: {})
     sandbox_k8s_pod_template: Path | None = None

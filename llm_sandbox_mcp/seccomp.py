@@ -1,8 +1,9 @@
 """The one syscall policy of every sandbox, whatever the engine: what is denied, and how each engine gets it.
 
-The policy is stated once here and rendered twice: as a seccomp profile in the Docker/OCI JSON format (Docker
+The policy is stated once here and rendered per engine: as a seccomp profile in the Docker/OCI JSON format (Docker
 takes its content, Podman a file on its host, Kubernetes a `Localhost` profile the operator installs on the
-nodes), and as the classic-BPF filter bubblewrap loads (`backends/_bubblewrap/seccomp.py`).
+nodes), as the classic-BPF filter bubblewrap loads (`backends/_bubblewrap/seccomp.py`), and as the Kafel policy
+nsjail compiles (`backends/_nsjail/policy.py`).
 
 Shape: allow by default, and deny on top what no sandbox needs. The denials cover what Docker's default
 profile refuses a container without capabilities (a profile we pass replaces that default, so its denials
@@ -238,6 +239,8 @@ def in_force(engine: str, options: Sequence[str], privileged: bool, k8s_profile:
     choice = operator_choice(options)
     if engine == "bubblewrap":
         return "seccomp: llm-sandbox-mcp policy (bubblewrap filter)"
+    if engine == "nsjail":
+        return "seccomp: llm-sandbox-mcp policy (Kafel, loaded by nsjail)"
     if choice is not None:
         return f"seccomp: the operator's (SANDBOX_SECURITY_OPT seccomp={choice[:60]}), not llm-sandbox-mcp's policy"
     if privileged:

@@ -27,8 +27,8 @@ from llm_sandbox_mcp.server import build_server  # noqa: E402
 # (user_config key, variable, type, title, description)
 USER_CONFIG = (
     ("backend", "BACKEND", "string", "Backend",
-     "docker, podman, kubernetes or bubblewrap; auto (or empty) uses the first of Docker, Podman, bubblewrap "
-     "that answers."),
+     "docker, podman, kubernetes, bubblewrap or nsjail; auto (or empty) uses the first of Docker, Podman, "
+     "bubblewrap, NsJail that answers."),
     ("docker_host", "DOCKER_HOST", "string", "Docker socket",
      "e.g. unix:///var/run/docker.sock or unix:///Users/me/.colima/default/docker.sock; empty: Docker's default."),
     ("podman_host", "PODMAN_HOST", "string", "Podman socket",

@@ -29,6 +29,9 @@ LOCAL_CA_DIR=/usr/local/share/ca-certificates
 # shellcheck disable=SC2054 # the commas belong to --include
 DEBOOTSTRAP_ARGS=(--variant=minbase --components=main --include=ca-certificates,procps)
 
+# shellcheck source=provision_nsjail.sh
+source "$SCRIPT_DIR/provision_nsjail.sh"
+
 DEFAULTS="$SCRIPT_DIR/../llm_sandbox_mcp/defaults.py"
 # The images and the sandbox user come from the package's one table of them, read without Python.
 ALL_LANGUAGES=()
@@ -494,6 +497,8 @@ step_smoke() {
     run_as_sandbox "$image" "$COMMON_CHECK" podman --remote --url "unix://$PODMAN_SOCK"
   logged "$log" "bubblewrap cannot create a sandbox" \
     bwrap --unshare-all --die-with-parent --ro-bind / / --proc /proc --dev /dev true
+  logged "$log" "nsjail cannot create a sandbox" nsjail -Mo -Q --user 65534 --group 65534 -R /usr \
+    -s usr/lib:/lib -s usr/lib64:/lib64 -s usr/bin:/bin -- /bin/true
 }
 
 main() {
@@ -514,6 +519,7 @@ main() {
   step_apt
   step_docker
   step_podman
+  step_nsjail
   step_base
   step_images
   step_smoke

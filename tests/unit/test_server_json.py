@@ -114,7 +114,7 @@ def test_formats_follow_the_settings_types() -> None:
     assert variables["SANDBOX_TIMEOUT"]["format"] == "number"
     assert variables["SANDBOX_MEM_LIMIT"]["format"] == "string"  # sizes take 512m
     assert variables["KUBECONFIG"]["format"] == "filepath"
-    assert variables["BACKEND"]["choices"] == ["auto", "docker", "podman", "kubernetes", "bubblewrap"]
+    assert variables["BACKEND"]["choices"] == ["auto", "docker", "podman", "kubernetes", "bubblewrap", "nsjail"]
 
 
 def test_the_readme_names_the_server_for_the_pypi_ownership_check() -> None:

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -76,9 +76,18 @@ _EXIT_DRAIN_SECONDS = 0.5
 _USERNS_ERRORS = ("No permissions to creat", "setting up uid map", "uid_map", "Operation not permitted")
 
 
+class Jail(Protocol):
+    """The program that makes a sandbox's namespaces (bwrap, nsjail), as found on this host."""
+
+    def describe(self) -> str: ...
+
+
+J = TypeVar("J", bound=Jail)
+
+
 @dataclass(frozen=True)
-class _Host:
-    bwrap: Bwrap
+class HostInfo(Generic[J]):
+    jail: J
     nsenter: str
     cgroups: CgroupManager
     state: Path
@@ -88,7 +97,7 @@ class _Host:
 
 
 @dataclass(eq=False)
-class _Sandbox:
+class Sandbox:
     id: str
     spec: SandboxSpec
     holder: Process
@@ -120,50 +129,53 @@ def _exit_code(returncode: int | None) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-class BubblewrapBackend:
-    """Sandboxes as bubblewrap namespaces on this host."""
+class HostSandbox(Generic[J]):
+    """Sandboxes as namespaces on this host: a holder per sandbox, entered by each exec (see `argv`).
 
-    name = "bubblewrap"
+    What differs per jail program (finding it, the holder, the per-exec command) is in the subclasses.
+    """
+
+    name: str
     install_network = "host"  # its only network besides none is the host's
 
-    def __init__(self, bwrap_path: Path | None, probe_uid: int = 65534, probe_gid: int = 65534) -> None:
-        self._configured = bwrap_path
+    def __init__(self, jail_path: Path | None, probe_uid: int = 65534, probe_gid: int = 65534) -> None:
+        self._configured = jail_path
         self._probe_ids = (probe_uid, probe_gid)
-        self._host_info: _Host | None = None
+        self._host_info: HostInfo[J] | None = None
         self._host_lock = anyio.Lock()
-        self._boxes: dict[str, _Sandbox] = {}
+        self._boxes: dict[str, Sandbox] = {}
 
     # -- host discovery -------------------------------------------------------------------------------------
 
-    async def _host(self) -> _Host:
+    async def _host(self) -> HostInfo[J]:
         async with self._host_lock:
             if self._host_info is None:
                 self._host_info = await anyio.to_thread.run_sync(self._discover)
             return self._host_info
 
-    def _discover(self) -> _Host:
+    def _discover(self) -> HostInfo[J]:
         if platform.system() != "Linux":
-            raise BackendUnavailable("BACKEND=bubblewrap runs on Linux only; use BACKEND=docker or podman here")
+            raise BackendUnavailable(f"BACKEND={self.name} runs on Linux only; use BACKEND=docker or podman here")
         problem = userns_problem()
         if problem:
             raise userns_unavailable(problem)
         nsenter = shutil.which("nsenter", path=HOST_PATH)
         if nsenter is None:
-            raise BackendUnavailable("BACKEND=bubblewrap needs nsenter; install util-linux with your package manager")
+            raise BackendUnavailable(f"BACKEND={self.name} needs nsenter; install util-linux with your package manager")
         root = os.geteuid() == 0
         cgroups = CgroupManager()
         missing = cgroups.missing()
         if missing is not None:
             raise BackendUnavailable(
-                f"BACKEND=bubblewrap cannot bound memory, CPU and pids on this host ({missing}), and rlimits alone "
+                f"BACKEND={self.name} cannot bound memory, CPU and pids on this host ({missing}), and rlimits alone "
                 "bound neither shared memory nor CPU, so it will not run. Run the server as root, or in a "
                 "systemd user scope with the cgroup v2 controllers delegated (`systemd-run --user --scope -p "
                 "Delegate=yes uvx llm-sandbox-mcp`), or use Docker or Podman."
             )
         state = state_root()
         private_dir(state / "sandboxes", 0o700)
-        host = _Host(
-            bwrap=find_bwrap(self._configured, state, staging=root),
+        host = HostInfo[J](
+            jail=self._find_jail(state, root),
             nsenter=nsenter,
             cgroups=cgroups,
             state=state,
@@ -173,24 +185,15 @@ class BubblewrapBackend:
         self._probe(host)
         return host
 
-    def _run_as(self, host: _Host, uid: int, gid: int) -> dict[str, Any]:
-        return {"user": uid, "group": gid, "extra_groups": []} if host.root else {}
+    def _find_jail(self, state: Path, root: bool) -> J:
+        raise NotImplementedError
 
-    def _probe(self, host: _Host) -> None:
-        """A trivial sandbox, as the sandbox user, so a host without user namespaces fails here, clearly."""
-        uid, gid = self._probe_ids
-        try:
-            done = subprocess.run(
-                probe_argv(host.bwrap, uid, gid), capture_output=True, text=True, timeout=30, env=host_env(),
-                cwd="/", check=False, **self._run_as(host, uid, gid),
-            )  # fmt: skip
-        except (OSError, subprocess.SubprocessError) as exc:
-            raise BackendUnavailable(f"{host.bwrap.describe()} does not run: {exc}") from exc
-        if done.returncode != 0:
-            message = done.stderr.strip()
-            if any(marker in message for marker in _USERNS_ERRORS):
-                raise userns_unavailable(f"bwrap said: {message}")
-            raise BackendUnavailable(f"{host.bwrap.describe()} cannot make a sandbox here: {message}")
+    def _probe(self, host: HostInfo[J]) -> None:
+        """A trivial sandbox, as the sandbox user, so a host that cannot make one fails here, clearly."""
+        raise NotImplementedError
+
+    def _run_as(self, host: HostInfo[J], uid: int, gid: int) -> dict[str, Any]:
+        return {"user": uid, "group": gid, "extra_groups": []} if host.root else {}
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -216,11 +219,11 @@ class BubblewrapBackend:
             with anyio.CancelScope(shield=True):
                 await self._forget(cgroup, state_file)
             raise
-        box = _Sandbox(sandbox_id, spec, holder, holder_pid, cgroup, state_file)
+        box = Sandbox(sandbox_id, spec, holder, holder_pid, cgroup, state_file)
         self._boxes[sandbox_id] = box
         return SandboxRef(id=sandbox_id, spec=spec)
 
-    def _cache_dir(self, host: _Host, spec: SandboxSpec) -> Path:
+    def _cache_dir(self, host: HostInfo[J], spec: SandboxSpec) -> Path:
         assert spec.cache is not None
         directory = cache_root() / _cache_name(spec.cache.key)
         directory.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -228,36 +231,15 @@ class BubblewrapBackend:
             os.chown(directory, spec.limits.uid, spec.limits.gid)
         return directory
 
-    async def _start_holder(self, host: _Host, spec: SandboxSpec, cache_dir: Path | None) -> tuple[Process, int]:
-        limits = spec.limits
-        info_read, info_write = os.pipe()
-        files = {dest: _memfd(dest, data) for dest, data in generated_files(limits).items()}
-        argv = holder_argv(host.bwrap, spec, info_fd=info_write, file_fds=files, cache_dir=cache_dir)
-        try:
-            holder = await anyio.open_process(
-                argv, stdin=subprocess.DEVNULL, cwd="/", env=host_env(), start_new_session=True,
-                pass_fds=(info_write, *files.values()),
-                **self._run_as(host, limits.uid, limits.gid),
-            )  # fmt: skip
-        finally:
-            for fd in (info_write, *files.values()):
-                os.close(fd)
-        try:
-            assert holder.stdout is not None
-            with anyio.fail_after(_START_SECONDS):
-                # PID 1 speaks once it runs, so the namespaces and mounts are in place.
-                await holder.stdout.receive()
-            info = json.loads(await anyio.to_thread.run_sync(_read_all, info_read))
-            return holder, int(info["child-pid"])
-        except (anyio.EndOfStream, anyio.BrokenResourceError, TimeoutError, ValueError, KeyError) as exc:
-            message = ""
-            with anyio.CancelScope(shield=True):
-                message = await _holder_error(holder)
-            if any(marker in message for marker in ("No permissions to creat", "setting up uid map")):
-                raise userns_unavailable(f"bwrap said: {message}") from exc
-            raise SandboxFailure(f"bubblewrap could not create a sandbox: {message or exc!r}") from exc
-        finally:
-            os.close(info_read)
+    async def _start_holder(self, host: HostInfo[J], spec: SandboxSpec, cache_dir: Path | None) -> tuple[Process, int]:
+        """The holder process, running once its namespaces and mounts are in place, and the host pid of its PID 1."""
+        raise NotImplementedError
+
+    def _exec_command(
+        self, host: HostInfo[J], box: Sandbox, argv: Sequence[str], env: Mapping[str, str], workdir: PurePosixPath
+    ) -> tuple[list[str], tuple[int, ...]]:
+        """The gated command line of one exec, and the descriptors it is passed (closed here once it started)."""
+        raise NotImplementedError
 
     async def exec(
         self,
@@ -305,7 +287,7 @@ class BubblewrapBackend:
         box = self._box(ref)
         return PipeProcess(await self._spawn(box, argv, env or {}, workdir, cpu_seconds=None))
 
-    def _box(self, ref: SandboxRef) -> _Sandbox:
+    def _box(self, ref: SandboxRef) -> Sandbox:
         box = self._boxes.get(ref.id)
         if box is None or box.closed:
             raise SandboxFailure(f"The sandbox {ref.id[:12]} is gone (destroyed)")
@@ -315,30 +297,26 @@ class BubblewrapBackend:
 
     async def _spawn(
         self,
-        box: _Sandbox,
+        box: Sandbox,
         argv: Sequence[str],
         env: Mapping[str, str],
         workdir: PurePosixPath,
         cpu_seconds: int | None,
     ) -> Process:
         host = await self._host()
-        limits = box.spec.limits
-        seccomp = _memfd("seccomp", FILTER)
-        command = exec_argv(
-            host.bwrap, host.nsenter, box.holder_pid, limits, argv, env=env, workdir=workdir, seccomp_fd=seccomp,
-            as_root=host.root,
-        )  # fmt: skip
+        command, fds = self._exec_command(host, box, argv, env, workdir)
         try:
             # As root: root's supplementary groups go now (if it has any: otherwise the cheaper vfork path stays
             # open), and nsenter switches the uid inside the holder.
             process = await anyio.open_process(
-                command, cwd="/", env=host_env(), start_new_session=True, pass_fds=(seccomp,),
+                command, cwd="/", env=host_env(), start_new_session=True, pass_fds=fds,
                 extra_groups=[] if host.root and os.getgroups() else None,
             )  # fmt: skip
         except OSError as exc:
             raise SandboxFailure(f"Could not start a process in the sandbox: {exc}") from exc
         finally:
-            os.close(seccomp)
+            for fd in fds:
+                os.close(fd)
         box.processes.add(process)
         try:
             await anyio.to_thread.run_sync(self._confine, host, box, process.pid, cpu_seconds)
@@ -351,7 +329,7 @@ class BubblewrapBackend:
             raise SandboxFailure(f"Could not confine a process in the sandbox: {exc}") from exc
         return process
 
-    def _confine(self, host: _Host, box: _Sandbox, pid: int, cpu_seconds: int | None) -> None:
+    def _confine(self, host: HostInfo[J], box: Sandbox, pid: int, cpu_seconds: int | None) -> None:
         """Limits on the gate process, inherited by everything the exec starts."""
         limits: Limits = box.spec.limits
         wanted = {
@@ -374,7 +352,7 @@ class BubblewrapBackend:
         # The kernel kills sandboxes before the server when memory runs out (inherited by what the exec starts).
         Path(f"/proc/{pid}/oom_score_adj").write_text(str(OOM_SCORE_ADJ))
 
-    async def _reap(self, box: _Sandbox, process: Process) -> None:
+    async def _reap(self, box: Sandbox, process: Process) -> None:
         if process.returncode is None:  # the caller was cancelled: the exec's own processes go too
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
@@ -387,7 +365,7 @@ class BubblewrapBackend:
         if box is not None and not box.closed:
             await self._kill_all(box)
 
-    async def _kill_all(self, box: _Sandbox) -> None:
+    async def _kill_all(self, box: Sandbox) -> None:
         """From the host, through the sandbox's cgroup: nothing inside can stop or dodge it."""
         await anyio.to_thread.run_sync(box.cgroup.kill)
         for process in list(box.processes):
@@ -401,7 +379,7 @@ class BubblewrapBackend:
         with anyio.CancelScope(shield=True):
             await self._destroy(box)
 
-    async def _destroy(self, box: _Sandbox) -> None:
+    async def _destroy(self, box: Sandbox) -> None:
         box.closed = True
         if box.holder.returncode is None:
             # PID 1 of the holder's PID namespace: when it dies the kernel kills every process in there.
@@ -430,7 +408,7 @@ class BubblewrapBackend:
         host = await self._host()
         return await anyio.to_thread.run_sync(self._sweep, host)
 
-    def _sweep(self, host: _Host) -> int:
+    def _sweep(self, host: HostInfo[J]) -> int:
         swept = 0
         for state_file in (host.state / "sandboxes").glob("*.json"):
             if state_file.stem in self._boxes:
@@ -450,13 +428,13 @@ class BubblewrapBackend:
     def missing_runtime(self, executable: str) -> str | None:
         """Why a language cannot run here: the host lacks its runtime (this backend uses the host's)."""
         if shutil.which(executable, path=SANDBOX_PATH) is None:
-            return f"{executable} is not installed on this host (bubblewrap runs the host's own runtimes)"
+            return f"{executable} is not installed on this host ({self.name} runs the host's own runtimes)"
         return None
 
     async def describe(self) -> str:
         host = await self._host()
         who = f"uid {self._probe_ids[0]}" + (" (dropped from root)" if host.root else " (mapped to this user)")
-        return f"{host.bwrap.describe()}; user namespaces work; sandbox user {who}; {host.cgroups.describe()}"
+        return f"{host.jail.describe()}; user namespaces work; sandbox user {who}; {host.cgroups.describe()}"
 
     async def aclose(self) -> None:
         boxes = list(self._boxes.values())
@@ -466,7 +444,74 @@ class BubblewrapBackend:
                 await self._destroy(box)
 
 
-async def _holder_error(holder: Process) -> str:
+class BubblewrapBackend(HostSandbox[Bwrap]):
+    """Sandboxes as bubblewrap namespaces on this host."""
+
+    name = "bubblewrap"
+
+    def _find_jail(self, state: Path, root: bool) -> Bwrap:
+        return find_bwrap(self._configured, state, staging=root)
+
+    def _probe(self, host: HostInfo[Bwrap]) -> None:
+        uid, gid = self._probe_ids
+        try:
+            done = subprocess.run(
+                probe_argv(host.jail, uid, gid), capture_output=True, text=True, timeout=30, env=host_env(),
+                cwd="/", check=False, **self._run_as(host, uid, gid),
+            )  # fmt: skip
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise BackendUnavailable(f"{host.jail.describe()} does not run: {exc}") from exc
+        if done.returncode != 0:
+            message = done.stderr.strip()
+            if any(marker in message for marker in _USERNS_ERRORS):
+                raise userns_unavailable(f"bwrap said: {message}")
+            raise BackendUnavailable(f"{host.jail.describe()} cannot make a sandbox here: {message}")
+
+    async def _start_holder(
+        self, host: HostInfo[Bwrap], spec: SandboxSpec, cache_dir: Path | None
+    ) -> tuple[Process, int]:
+        limits = spec.limits
+        info_read, info_write = os.pipe()
+        files = {dest: _memfd(dest, data) for dest, data in generated_files(limits).items()}
+        argv = holder_argv(host.jail, spec, info_fd=info_write, file_fds=files, cache_dir=cache_dir)
+        try:
+            holder = await anyio.open_process(
+                argv, stdin=subprocess.DEVNULL, cwd="/", env=host_env(), start_new_session=True,
+                pass_fds=(info_write, *files.values()),
+                **self._run_as(host, limits.uid, limits.gid),
+            )  # fmt: skip
+        finally:
+            for fd in (info_write, *files.values()):
+                os.close(fd)
+        try:
+            assert holder.stdout is not None
+            with anyio.fail_after(_START_SECONDS):
+                # PID 1 speaks once it runs, so the namespaces and mounts are in place.
+                await holder.stdout.receive()
+            info = json.loads(await anyio.to_thread.run_sync(read_all, info_read))
+            return holder, int(info["child-pid"])
+        except (anyio.EndOfStream, anyio.BrokenResourceError, TimeoutError, ValueError, KeyError) as exc:
+            message = ""
+            with anyio.CancelScope(shield=True):
+                message = await holder_error(holder)
+            if any(marker in message for marker in ("No permissions to creat", "setting up uid map")):
+                raise userns_unavailable(f"bwrap said: {message}") from exc
+            raise SandboxFailure(f"bubblewrap could not create a sandbox: {message or exc!r}") from exc
+        finally:
+            os.close(info_read)
+
+    def _exec_command(
+        self, host: HostInfo[Bwrap], box: Sandbox, argv: Sequence[str], env: Mapping[str, str], workdir: PurePosixPath
+    ) -> tuple[list[str], tuple[int, ...]]:
+        seccomp = _memfd("seccomp", FILTER)
+        command = exec_argv(
+            host.jail, host.nsenter, box.holder_pid, box.spec.limits, argv, env=env, workdir=workdir,
+            seccomp_fd=seccomp, as_root=host.root,
+        )  # fmt: skip
+        return command, (seccomp,)
+
+
+async def holder_error(holder: Process) -> str:
     with contextlib.suppress(ProcessLookupError):
         holder.kill()
     message = b""
@@ -479,7 +524,7 @@ async def _holder_error(holder: Process) -> str:
     return message.decode(errors="replace").strip()
 
 
-def _read_all(fd: int) -> bytes:
+def read_all(fd: int) -> bytes:
     data = b""
     while chunk := os.read(fd, 65536):
         data += chunk

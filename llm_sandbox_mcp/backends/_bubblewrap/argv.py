@@ -41,7 +41,7 @@ ROOT_DIRS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 
 
-def _host_sources(with_network: bool) -> list[str]:
+def host_sources(with_network: bool) -> list[str]:
     names: list[str] = []
     for entry in ETC_ENTRIES:
         names += sorted(glob.glob(f"/etc/{entry}")) if "*" in entry else [f"/etc/{entry}"]
@@ -90,7 +90,7 @@ def holder_argv(
         "--die-with-parent", "--new-session", "--as-pid-1", "--info-fd", str(info_fd),
         "--uid", str(limits.uid), "--gid", str(limits.gid), "--hostname", "sandbox", *system_root(),
     ]  # fmt: skip
-    for source in _host_sources(share_net):
+    for source in host_sources(share_net):
         argv += ["--ro-bind-try", source, source]
     for dest, fd in file_fds.items():
         argv += ["--perms", "0644", "--file", str(fd), dest]
@@ -110,7 +110,7 @@ def holder_argv(
     return argv
 
 
-def _nsenter(nsenter: str, holder_pid: int, limits: Limits, as_root: bool) -> list[str]:
+def nsenter_argv(nsenter: str, holder_pid: int, limits: Limits, as_root: bool) -> list[str]:
     argv = [nsenter, "--target", str(holder_pid), "--user", "--mount", "--ipc", "--uts", "--pid"]
     if limits.network_mode != "host":  # else the holder has no network namespace of its own
         argv.append("--net")
@@ -152,7 +152,7 @@ def exec_argv(
     for key, value in {"PATH": SANDBOX_PATH, **env}.items():
         inner += ["--setenv", key, value]
     inner += ["--chdir", str(workdir), "--seccomp", str(seccomp_fd), "--", *argv]
-    return ["/bin/sh", "-c", GATE, "sh", *_nsenter(nsenter, holder_pid, limits, as_root), *inner]
+    return ["/bin/sh", "-c", GATE, "sh", *nsenter_argv(nsenter, holder_pid, limits, as_root), *inner]
 
 
 def host_env() -> dict[str, str]:
