@@ -1,0 +1,14 @@
+# Project image for Python: the configured base image (the official python image by default) plus the
+# libraries agents import first, pinned in python.txt. Built by `llm-sandbox-mcp images build`.
+ARG BASE=python:3.12-slim
+FROM ${BASE}
+USER root
+ARG PIP_INDEX_URL
+COPY python.txt /tmp/llm-sandbox-mcp/python.txt
+# PIP_BREAK_SYSTEM_PACKAGES lets a Debian-based custom base (with its EXTERNALLY-MANAGED marker) take them too.
+RUN set -eux; \
+    if [ -z "${PIP_INDEX_URL:-}" ]; then unset PIP_INDEX_URL; fi; \
+    PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir --disable-pip-version-check --no-input \
+        --root-user-action=ignore -r /tmp/llm-sandbox-mcp/python.txt; \
+    rm -rf /tmp/llm-sandbox-mcp; \
+    python3 -c "import matplotlib, numpy, pandas"
