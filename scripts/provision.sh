@@ -519,6 +519,10 @@ step_project_images() { # build the project images on the stand-ins, on each eng
   [[ -n $CLI ]] || return 0
   [[ -x $CLI ]] || die "--cli $CLI is not an executable"
   for lang in "${LANGUAGES[@]}"; do env+=("SANDBOX_IMAGE_${lang^^}=${IMAGE[$lang]}"); done
+  # The host's added CAs (a TLS-inspecting egress proxy's) for the installers in the builds, as for the base.
+  if [[ -n $(find "$LOCAL_CA_DIR" -type f -name '*.crt' -print -quit 2>/dev/null) ]]; then
+    env+=("SANDBOX_INSTALL_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt")
+  fi
   for engine in docker podman; do
     t0=$EPOCHREALTIME log="$LOGDIR/project-images-$engine.log"
     : >"$log"

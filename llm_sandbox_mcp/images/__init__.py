@@ -24,6 +24,7 @@ BASE_LABEL = LABEL + "base"
 BASE_ID_LABEL = LABEL + "base-id"
 LIBRARIES_LABEL = LABEL + "libraries"
 REPOSITORY = "localhost/llm-sandbox-mcp-"
+CA_FILE = "install-ca.pem"
 
 # Build argument -> the Settings field that sets it: the installers in a build use the operator's registries.
 _REGISTRY_ARGS = {"PIP_INDEX_URL": "sandbox_pip_index_url", "NPM_CONFIG_REGISTRY": "sandbox_npm_registry"}
@@ -79,11 +80,12 @@ class Recipe:
             labels[BASE_ID_LABEL] = base_id
         return labels
 
-    def context(self) -> bytes:
-        """The build context: the Dockerfile and the library list, as a tar."""
+    def context(self, ca_bundle: bytes = b"") -> bytes:
+        """The build context, as a tar: the Dockerfile, the library list, and the CA certificates the installers
+        in the build trust besides the image's own (SANDBOX_INSTALL_CA_BUNDLE; empty when unset)."""
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
-            files = {"Dockerfile": self.dockerfile}
+            files = {"Dockerfile": self.dockerfile, CA_FILE: ca_bundle}
             if self.libraries is not None:
                 files[f"{self.language}.txt"] = self.libraries
             for name, data in files.items():

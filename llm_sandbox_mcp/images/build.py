@@ -53,10 +53,12 @@ async def build(
     The image records the base image it was built on, unless the build pulls that base: then it is not known
     beforehand, and the image is never considered stale (`images build --pull` rebuilds it anyway)."""
     base = None if pull else await builder.image_info(recipe.base)
+    bundle = settings.sandbox_install_ca_bundle
+    ca = await anyio.Path(bundle).read_bytes() if bundle is not None else b""
     await builder.build_image(
         ImageBuild(
             tag=recipe.tag,
-            context=recipe.context(),
+            context=recipe.context(ca),
             args=images.build_args(settings, recipe.base),
             labels=recipe.labels(base.id if base is not None else None),
             network=settings.sandbox_image_build_network,
