@@ -15,10 +15,13 @@ _TAIL_LINES = 12
 def follow(chunks: Iterable[object], on_line: Callable[[str], None], what: str) -> None:
     """Pass each log line to `on_line`; raise SandboxFailure, with the last lines, when the build reports an error."""
     tail: deque[str] = deque(maxlen=_TAIL_LINES)
-    for chunk in chunks:
+    stream = iter(chunks)
+    for chunk in stream:
         entry = _entry(chunk)
         error = entry.get("error")
         if error:
+            for _ in stream:  # read to the end, so the engine's response is complete and its connection freed
+                pass
             lines = "\n".join(tail)
             raise SandboxFailure(
                 f"{what} failed: {str(error).strip()}" + (f"\nlast lines of the build:\n{lines}" if lines else "")
