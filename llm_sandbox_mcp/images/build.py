@@ -78,6 +78,7 @@ class ProjectImages:
     def __init__(self, settings: Settings, backend: Backend) -> None:
         self.settings = settings
         self.builder = backend if isinstance(backend, ImageBuilder) else None
+        self.engine = backend.name.capitalize()
         self._ready: set[str] = set()
         self._locks: dict[str, anyio.Lock] = {}
 
@@ -117,9 +118,17 @@ class ProjectImages:
                 live.phase = f"{prefix}: {line}"[:_PHASE_CHARS]
 
         started = anyio.current_time()
+        base_present = await builder.image_info(recipe.base) is not None
         try:
             await build(self.settings, builder, recipe, pull=False, on_line=on_line)
         except SandboxError as exc:
+            if not base_present:
+                first = str(exc).splitlines()[0]
+                raise ImageMissing(
+                    f"Image {recipe.base!r} is not on the {self.engine} engine and could not be pulled to build the "
+                    f"{recipe.language} project image ({first}). Pull or build it, or point "
+                    f"SANDBOX_IMAGE_{recipe.language.upper()} at an image you have."
+                ) from exc
             raise ImageMissing(
                 f"The {recipe.language} project image {recipe.tag} (FROM {recipe.base}, with the preinstalled "
                 f"libraries) could not be built: {exc}\nFix the cause and call again; `llm-sandbox-mcp images build "
