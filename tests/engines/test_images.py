@@ -92,10 +92,12 @@ async def test_with_a_bare_image_a_missing_import_says_which_libraries_value_fix
 
 
 @pytest.fixture
-def fresh_base(engine: str) -> Iterator[str]:
-    """A new name for the Ruby base image, so its project image (same Dockerfile, another base) is missing."""
+def fresh_base(request: pytest.FixtureRequest, engine: str) -> Iterator[str]:
+    """A new name for a language's base image (Ruby's unless parametrized), so that its project image (same
+    Dockerfile, another base) is missing."""
+    language: str = getattr(request, "param", "ruby")
     name = f"localhost/llm-sandbox-test-base:{secrets.token_hex(4)}"
-    source = engine_settings(engine).base_image_for("ruby")
+    source = engine_settings(engine).base_image_for(language)
     if engine == "docker":
         import docker
 
@@ -112,7 +114,7 @@ def fresh_base(engine: str) -> Iterator[str]:
     try:
         yield name
     finally:
-        tag = images.recipe(engine_settings(engine, sandbox_image_ruby=name), "ruby").tag
+        tag = images.recipe(engine_settings(engine, **{f"sandbox_image_{language}": name}), language).tag
         for image in (tag, name):
             with contextlib.suppress(Exception):  # already gone
                 remove(image)
@@ -182,11 +184,12 @@ async def test_a_missing_project_image_is_built_once_at_first_use_while_calls_wa
 
 
 @pytest.mark.parametrize("engine", BUILDING_ENGINES, indirect=True)
-async def test_a_project_image_that_cannot_be_built_is_a_clear_error(
+async def test_a_base_image_that_cannot_be_pulled_is_one_clear_line(
     request: pytest.FixtureRequest, engine: str
 ) -> None:
     await require(request, engine)
-    settings = engine_settings(engine, sandbox_image_ruby=f"localhost:9/llm-sandbox-absent:{secrets.token_hex(4)}")
+    base = f"localhost:9/llm-sandbox-absent:{secrets.token_hex(4)}"
+    settings = engine_settings(engine, sandbox_image_ruby=base)
     backend = _builder(engine, settings)
     try:
         async with Executor(settings, backend) as executor:
@@ -195,5 +198,30 @@ async def test_a_project_image_that_cannot_be_built_is_a_clear_error(
     finally:
         await backend.aclose()
     message = str(failure.value)
-    assert "ruby project image" in message and "could not be built" in message
-    assert "images build --language ruby" in message and "SANDBOX_PROJECT_IMAGES=false" in message
+    assert message.startswith(f"Image {base!r} is not on the {engine.capitalize()} engine and could not be pulled")
+    assert "SANDBOX_IMAGE_RUBY" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("engine", BUILDING_ENGINES, indirect=True)
+@pytest.mark.parametrize("fresh_base", ["python"], indirect=True)
+async def test_a_project_image_that_cannot_be_built_is_a_clear_error_with_the_build_log(
+    request: pytest.FixtureRequest, engine: str, fresh_base: str
+) -> None:
+    await require(request, engine)
+    settings = engine_settings(
+        engine,
+        sandbox_image_python=fresh_base,
+        sandbox_image_build_network="host",
+        sandbox_pip_index_url="http://127.0.0.1:9/simple",  # nothing listens there: pip fails
+    )
+    backend = _builder(engine, settings)
+    try:
+        async with Executor(settings, backend) as executor:
+            with pytest.raises(ImageMissing) as failure:
+                await executor.execute("print(1)", "python")
+    finally:
+        await backend.aclose()
+    message = str(failure.value)
+    assert message.startswith("The python project image") and "could not be built" in message
+    assert "pip install" in message  # the last lines of the build
+    assert "images build --language python" in message and "SANDBOX_PROJECT_IMAGES=false" in message
