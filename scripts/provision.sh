@@ -514,8 +514,18 @@ step_images() {
 
 # ---------------------------------------------------------------- 7. project images (--cli)
 
+project_images_on() { # project_images_on ENGINE ENV...: `images build` of every language on ENGINE
+  local engine=$1 t0=$EPOCHREALTIME log="$LOGDIR/project-images-$1.log"
+  shift
+  : >"$log"
+  # No bridge network here (dockerd --bridge=none): the builds reach the registries through the host's.
+  logged "$log" "$CLI images build on $engine" env "$@" BACKEND="$engine" \
+    SANDBOX_IMAGE_BUILD_NETWORK=host "$CLI" images build "${LANGUAGES[@]/#/--language=}"
+  say "project images: $engine: $(grep -c ' present ' "$log") of ${#LANGUAGES[@]} present ($(elapsed "$t0"))"
+}
+
 step_project_images() { # build the project images on the stand-ins, on each engine, as users do
-  local engine lang t0 log env=()
+  local lang engine job env=() jobs=()
   [[ -n $CLI ]] || return 0
   [[ -x $CLI ]] || die "--cli $CLI is not an executable"
   for lang in "${LANGUAGES[@]}"; do env+=("SANDBOX_IMAGE_${lang^^}=${IMAGE[$lang]}"); done
@@ -523,14 +533,12 @@ step_project_images() { # build the project images on the stand-ins, on each eng
   if [[ -n $(find "$LOCAL_CA_DIR" -type f -name '*.crt' -print -quit 2>/dev/null) ]]; then
     env+=("SANDBOX_INSTALL_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt")
   fi
+  # Both engines at once: downloads overlap with the other engine's unpacking.
   for engine in docker podman; do
-    t0=$EPOCHREALTIME log="$LOGDIR/project-images-$engine.log"
-    : >"$log"
-    # No bridge network here (dockerd --bridge=none): the builds reach the registries through the host's.
-    logged "$log" "$CLI images build on $engine" env "${env[@]}" BACKEND="$engine" \
-      SANDBOX_IMAGE_BUILD_NETWORK=host "$CLI" images build "${LANGUAGES[@]/#/--language=}"
-    say "project images: $engine: $(grep -c ' present ' "$log") of ${#LANGUAGES[@]} present ($(elapsed "$t0"))"
+    project_images_on "$engine" "${env[@]}" &
+    jobs+=($!)
   done
+  for job in "${jobs[@]}"; do wait "$job" || exit 1; done
 }
 
 # ------------------------------------------------------------------ 8. smoke test + summary
