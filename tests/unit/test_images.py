@@ -5,11 +5,12 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from llm_sandbox_mcp import images
+from llm_sandbox_mcp import cli, images
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.hints import missing_library, missing_library_hint
 from llm_sandbox_mcp.languages import LANGUAGES
@@ -104,3 +105,13 @@ def test_a_run_missing_a_library_is_told_the_libraries_value_that_fixes_it(
     else:
         assert f"libraries={json.dumps([library])}" in hint
         assert LANGUAGES[language].check_libraries([library]) == [library]
+
+
+def test_images_without_an_engine_that_builds_says_what_to_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("BACKEND", "bubblewrap")
+    monkeypatch.setenv("SANDBOX_BWRAP_PATH", str(tmp_path / "bwrap"))
+    assert cli.main(["images", "list"]) == 2
+    error = capsys.readouterr().err
+    assert "The bubblewrap backend builds no images" in error and "BACKEND=docker or BACKEND=podman" in error
