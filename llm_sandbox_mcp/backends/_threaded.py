@@ -199,7 +199,9 @@ class ThreadedBuilder(Threaded):
         def relay(line: str) -> None:
             anyio.from_thread.run_sync(on_line, line)
 
-        await anyio.to_thread.run_sync(self.builder.build_image, build, relay)
+        # Not bounded (a build takes minutes), but abandoned on cancellation, so that shutting down does not wait
+        # for a build: the engine stops it when its connection closes with the process.
+        await anyio.to_thread.run_sync(self.builder.build_image, build, relay, abandon_on_cancel=True)
 
 
 def _into_event_loop(listener: OutputListener) -> OutputListener:
