@@ -5,15 +5,22 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+from mcp import Client
 
 from llm_sandbox_mcp import cli, images
+from llm_sandbox_mcp.backends import ImageBuild, ImageInfo
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.hints import missing_library, missing_library_hint
 from llm_sandbox_mcp.languages import LANGUAGES
+from llm_sandbox_mcp.server import build_server
+from tests.support.fakes import FakeBackend
 
 
 @pytest.mark.parametrize("language", sorted(LANGUAGES))
@@ -115,3 +122,37 @@ def test_images_without_an_engine_that_builds_says_what_to_use(
     assert cli.main(["images", "list"]) == 2
     error = capsys.readouterr().err
     assert "The bubblewrap backend builds no images" in error and "BACKEND=docker or BACKEND=podman" in error
+
+
+@dataclass
+class BuildingBackend(FakeBackend):
+    """A fake engine that has no project image until it builds one, logging a step a while."""
+
+    built: list[str] = field(default_factory=lambda: [])
+
+    async def image_info(self, image: str) -> ImageInfo | None:
+        return ImageInfo("sha256:" + image, {}) if image in self.built or ":3.12-slim" in image else None
+
+    async def build_image(self, build: ImageBuild, on_line: Callable[[str], None]) -> None:
+        for step in range(1, 4):
+            on_line(f"Step {step}/3 : RUN pip install")
+            await anyio.sleep(0.05)
+        self.built.append(build.tag)
+
+
+@pytest.mark.anyio
+async def test_a_call_that_waits_for_the_first_build_reports_it_as_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("llm_sandbox_mcp.jobs.PROGRESS_EVERY", 0.01)
+    backend = BuildingBackend()
+    messages: list[str] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        messages.append(message or "")
+
+    async with Client(build_server(Settings(sandbox_pool_size=0), backend)) as client:
+        with anyio.fail_after(10):
+            result = await client.call_tool("execute_code", {"code": "print(1)"}, progress_callback=on_progress)
+    assert not result.is_error
+    assert backend.built == [images.recipe(Settings(), "python").tag]
+    assert any(message.startswith("building the python project image") for message in messages), messages
+    assert [spec.image for spec in backend.created] == backend.built
