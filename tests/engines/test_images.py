@@ -183,6 +183,18 @@ async def test_a_missing_project_image_is_built_once_at_first_use_while_calls_wa
         await backend.aclose()
 
 
+async def _first_use_failure(engine: str, settings: Settings, language: str) -> str:
+    """The error of the first call in `language`, whose project image cannot be built."""
+    backend = _builder(engine, settings)
+    try:
+        async with Executor(settings, backend) as executor:
+            with pytest.raises(ImageMissing) as failure:
+                await executor.execute(get_language(language).examples[0], language)
+    finally:
+        await backend.aclose()
+    return str(failure.value)
+
+
 @pytest.mark.parametrize("engine", BUILDING_ENGINES, indirect=True)
 async def test_a_base_image_that_cannot_be_pulled_is_one_clear_line(
     request: pytest.FixtureRequest, engine: str
@@ -190,14 +202,7 @@ async def test_a_base_image_that_cannot_be_pulled_is_one_clear_line(
     await require(request, engine)
     base = f"localhost:9/llm-sandbox-absent:{secrets.token_hex(4)}"
     settings = engine_settings(engine, sandbox_image_ruby=base)
-    backend = _builder(engine, settings)
-    try:
-        async with Executor(settings, backend) as executor:
-            with pytest.raises(ImageMissing) as failure:
-                await executor.execute("puts 1", "ruby")
-    finally:
-        await backend.aclose()
-    message = str(failure.value)
+    message = await _first_use_failure(engine, settings, "ruby")
     assert message.startswith(f"Image {base!r} is not on the {engine.capitalize()} engine and could not be pulled")
     assert "SANDBOX_IMAGE_RUBY" in message and "\n" not in message
 
@@ -214,14 +219,7 @@ async def test_a_project_image_that_cannot_be_built_is_a_clear_error_with_the_bu
         sandbox_image_build_network="host",
         sandbox_pip_index_url="http://127.0.0.1:9/simple",  # nothing listens there: pip fails
     )
-    backend = _builder(engine, settings)
-    try:
-        async with Executor(settings, backend) as executor:
-            with pytest.raises(ImageMissing) as failure:
-                await executor.execute("print(1)", "python")
-    finally:
-        await backend.aclose()
-    message = str(failure.value)
+    message = await _first_use_failure(engine, settings, "python")
     assert message.startswith("The python project image") and "could not be built" in message
     assert "pip install" in message  # the last lines of the build
     assert "images build --language python" in message and "SANDBOX_PROJECT_IMAGES=false" in message
