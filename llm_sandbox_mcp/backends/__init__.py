@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from importlib import import_module
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, get_args, runtime_checkable
@@ -66,6 +67,41 @@ class RuntimeProbe(Protocol):
 
     def missing_runtime(self, executable: str) -> str | None:
         """None when `executable` can run in this backend's sandboxes, else why not."""
+        ...
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """An image the engine has locally."""
+
+    id: str
+    labels: Mapping[str, str]
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class ImageBuild:
+    """What to build: a tar build context with the Dockerfile at `Dockerfile`, tagged `tag`."""
+
+    tag: str
+    context: bytes
+    args: Mapping[str, str]
+    labels: Mapping[str, str]
+    network: str | None
+    pull: bool
+
+
+@runtime_checkable
+class ImageBuilder(Protocol):
+    """Implemented by backends whose engine builds images itself (Docker, Podman)."""
+
+    async def image_info(self, image: str) -> ImageInfo | None:
+        """The local image named `image`, or None when the engine does not have it."""
+        ...
+
+    async def build_image(self, build: ImageBuild, on_line: Callable[[str], None]) -> None:
+        """Build and tag the image; each line of the build log reaches `on_line` (in the event loop's thread).
+        Raises SandboxFailure with the engine's error."""
         ...
 
 

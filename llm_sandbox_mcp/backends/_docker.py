@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import socket
@@ -19,7 +20,8 @@ import docker
 import docker.errors
 from docker.types import LogConfig, Mount, Ulimit
 
-from llm_sandbox_mcp.backends import VANISHED_EXIT, _owner
+from llm_sandbox_mcp.backends import VANISHED_EXIT, ImageBuild, ImageInfo, _owner
+from llm_sandbox_mcp.backends._build import follow
 from llm_sandbox_mcp.backends._container import (
     CACHE_PREFIX,
     INIT,
@@ -31,7 +33,7 @@ from llm_sandbox_mcp.backends._container import (
     top_processes,
 )
 from llm_sandbox_mcp.backends._stream import SocketProcess, pump, send_stdin
-from llm_sandbox_mcp.backends._threaded import Threaded
+from llm_sandbox_mcp.backends._threaded import ThreadedBuilder
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure
 from llm_sandbox_mcp.models import (
@@ -212,6 +214,34 @@ class DockerEngine:
                 "at an image you have."
             ) from exc
 
+    def image_info(self, image: str) -> ImageInfo | None:
+        try:
+            found = self._docker().images.get(image)
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.APIError as exc:
+            raise SandboxFailure(f"Docker could not inspect image {image!r}: {exc.explanation}") from exc
+        return ImageInfo(found.id or "", dict(found.labels or {}), int(found.attrs.get("Size") or 0))
+
+    def build_image(self, build: ImageBuild, on_line: Callable[[str], None]) -> None:
+        try:
+            chunks = self._docker().api.build(
+                fileobj=io.BytesIO(build.context),
+                custom_context=True,
+                tag=build.tag,
+                buildargs=dict(build.args),
+                labels=dict(build.labels),
+                network_mode=build.network,
+                pull=build.pull,
+                rm=True,
+                forcerm=True,
+                decode=True,
+            )
+            follow(chunks, on_line, f"Docker's build of {build.tag}")
+        except docker.errors.DockerException as exc:
+            raise SandboxFailure(f"Docker could not build {build.tag}: {exc}") from exc
+        self._images.discard(build.tag)
+
     def exec(
         self,
         ref: SandboxRef,
@@ -332,5 +362,5 @@ def _user(ref: SandboxRef) -> str:
     return f"{ref.spec.limits.uid}:{ref.spec.limits.gid}"
 
 
-def from_settings(settings: Settings) -> Threaded:
-    return Threaded(DockerEngine(settings.docker_host))
+def from_settings(settings: Settings) -> ThreadedBuilder:
+    return ThreadedBuilder(DockerEngine(settings.docker_host))

@@ -16,7 +16,7 @@ from typing import Protocol, TypeVar
 import anyio.from_thread
 import anyio.to_thread
 
-from llm_sandbox_mcp.backends import SandboxProcess
+from llm_sandbox_mcp.backends import ImageBuild, ImageInfo, SandboxProcess
 from llm_sandbox_mcp.errors import SandboxFailure
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, OutputListener, SandboxRef, SandboxSpec, Stream
 
@@ -193,6 +193,33 @@ class Threaded:
         for sandbox_id in live:
             self.engine.remove(sandbox_id)
         self.engine.close()
+
+
+class ImageEngine(Engine, Protocol):
+    """An engine that also builds images (`ImageBuilder`, blocking)."""
+
+    def image_info(self, image: str, /) -> ImageInfo | None: ...
+
+    def build_image(self, build: ImageBuild, on_line: Callable[[str], None], /) -> None: ...
+
+
+class ThreadedBuilder(Threaded):
+    """`Backend` and `ImageBuilder` for an `ImageEngine`."""
+
+    def __init__(self, engine: ImageEngine) -> None:
+        super().__init__(engine)
+        self.builder = engine
+
+    async def image_info(self, image: str) -> ImageInfo | None:
+        return await anyio.to_thread.run_sync(self.builder.image_info, image)
+
+    async def build_image(self, build: ImageBuild, on_line: Callable[[str], None]) -> None:
+        def relay(line: str) -> None:
+            anyio.from_thread.run_sync(on_line, line)
+
+        # Not bounded (a build takes minutes), but abandoned on cancellation, so that shutting down does not wait
+        # for a build: the engine stops it when its connection closes with the process.
+        await anyio.to_thread.run_sync(self.builder.build_image, build, relay, abandon_on_cancel=True)
 
 
 def _into_event_loop(listener: OutputListener) -> OutputListener:

@@ -14,6 +14,7 @@ import pytest
 import tomlkit
 
 from llm_sandbox_mcp import __version__
+from llm_sandbox_mcp.languages import LANGUAGES
 from tests.e2e.test_stdio import SCRIPT
 
 pytestmark = [pytest.mark.e2e]
@@ -50,6 +51,8 @@ def test_the_wheel_carries_the_code_the_icon_and_the_packages_metadata(dist: Pat
         metadata = Parser().parsestr(wheel.read(f"{info}/METADATA").decode())
         entry_points = wheel.read(f"{info}/entry_points.txt").decode()
     shipped = {"icon.svg", "icon.png", "install.py", "runners/python_kernel.py", "runners/javascript_runner.js"}
+    # `images build` works from an installed package: every project image's Dockerfile and library list.
+    shipped |= {f"images/{language}.Dockerfile" for language in LANGUAGES} | {"images/python.txt", "images/r.txt"}
     assert {f"llm_sandbox_mcp/{name}" for name in shipped} <= names
     project = tomlkit.parse((ROOT / "pyproject.toml").read_text()).unwrap()["project"]
     assert metadata["Version"] == __version__ and metadata["Summary"] == project["description"]

@@ -14,10 +14,12 @@ from typing import Any
 import anyio
 import pytest
 
+from llm_sandbox_mcp import images
 from llm_sandbox_mcp.backends import Backend, SandboxProcess, load_backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxError
 from llm_sandbox_mcp.executor import Executor
+from llm_sandbox_mcp.languages import LANGUAGES
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, OutputListener, SandboxRef, SandboxSpec
 from llm_sandbox_mcp.sessions import SessionRegistry
 from tests.engines import kube
@@ -67,6 +69,9 @@ def engine_settings(name: str, **overrides: Any) -> Settings:
     if name == "kubernetes":
         base["kubeconfig"] = kube.kubeconfig()
         base["sandbox_k8s_seccomp_profile"] = kube.SECCOMP_PROFILE
+        # A cluster builds no images: as the README's recipe says, it runs project images built and pushed
+        # elsewhere, here those built on the Docker engine the test double runs its pods in.
+        base.update({f"sandbox_image_{lang}": images.recipe(Settings(), lang).tag for lang in LANGUAGES})
     return Settings(**{**base, **overrides})
 
 

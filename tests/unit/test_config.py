@@ -131,13 +131,13 @@ def test_server_json_declares_every_variable_with_the_readme_default() -> None:
         assert default == (None if documented[name] in ("unset", "—") else documented[name]), name
 
 
-def test_provisioning_builds_exactly_the_images_and_user_the_settings_default_to() -> None:
+def test_provisioning_builds_exactly_the_base_images_and_user_the_settings_default_to() -> None:
     script = Path(__file__).parents[2] / "scripts" / "provision.sh"
     printed = subprocess.run(
         ["bash", str(script), "--print-images"], capture_output=True, text=True, check=True, timeout=30
     ).stdout.splitlines()
     settings = Settings()
-    expected = [f"{language} {settings.image_for(language)}" for language in LANGUAGES]
+    expected = [f"{language} {settings.base_image_for(language)}" for language in LANGUAGES]
     assert printed == [*expected, f"user {settings.sandbox_user}"]
     assert settings.limits().uid == Limits().uid and settings.limits() == Limits()
 

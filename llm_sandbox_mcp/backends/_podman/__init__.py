@@ -26,7 +26,8 @@ from typing import Any, cast
 from podman import PodmanClient
 from podman.errors.exceptions import APIError, ImageNotFound, NotFound
 
-from llm_sandbox_mcp.backends import VANISHED_EXIT, _owner
+from llm_sandbox_mcp.backends import VANISHED_EXIT, ImageBuild, ImageInfo, _owner
+from llm_sandbox_mcp.backends._build import follow
 from llm_sandbox_mcp.backends._container import (
     CACHE_PREFIX,
     KILL_SIGNAL,
@@ -37,7 +38,7 @@ from llm_sandbox_mcp.backends._container import (
 from llm_sandbox_mcp.backends._podman.libpod import ExecStartError, container_spec, exec_body, start_exec
 from llm_sandbox_mcp.backends._podman.service import LIMITS_HINT, Candidate, Engine, candidates, connect, detail, find
 from llm_sandbox_mcp.backends._stream import SocketProcess, pump
-from llm_sandbox_mcp.backends._threaded import Threaded
+from llm_sandbox_mcp.backends._threaded import ThreadedBuilder
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure
 from llm_sandbox_mcp.models import ExecResult, HeadTail, OutputListener, SandboxRef, SandboxSpec, captures
@@ -141,6 +142,35 @@ class PodmanEngine:
         except APIError as exc:
             if "already exists" not in str(exc.explanation):  # else another server made it in between
                 raise
+
+    def image_info(self, image: str) -> ImageInfo | None:
+        with _failing(f"inspect image {image!r}"):
+            try:
+                found = self._podman().images.get(image)
+            except ImageNotFound:
+                return None
+        return ImageInfo(str(found.id or ""), dict(found.labels or {}), int(found.attrs.get("Size") or 0))
+
+    def build_image(self, build: ImageBuild, on_line: Callable[[str], None]) -> None:
+        # The SDK's images.build reads the whole log before it returns; this streams it as the build goes.
+        params = {
+            "dockerfile": "Dockerfile",
+            "t": build.tag,
+            "buildargs": json.dumps(dict(build.args)),
+            "labels": json.dumps(dict(build.labels)),
+            "pull": build.pull,
+            "rm": True,
+            "forcerm": True,
+            "layers": True,
+            **({"networkmode": build.network} if build.network else {}),
+        }
+        with _failing(f"build {build.tag}"):
+            response = self._podman().api.post(
+                "/build", params=params, data=build.context, headers={"Content-type": "application/x-tar"}, stream=True
+            )
+            response.raise_for_status()
+            follow(response.iter_lines(), on_line, f"Podman's build of {build.tag}")
+        self._images.discard(build.tag)
 
     def _ensure_image(self, image: str) -> None:
         """Pull a missing image once, so a missing image is a clear error rather than a slow failure later."""
@@ -340,5 +370,7 @@ def _user(ref: SandboxRef) -> str:
     return f"{ref.spec.limits.uid}:{ref.spec.limits.gid}"
 
 
-def from_settings(settings: Settings) -> Threaded:
-    return Threaded(PodmanEngine(candidates(settings.podman_host, settings.docker_host, os.environ, os.getuid())))
+def from_settings(settings: Settings) -> ThreadedBuilder:
+    return ThreadedBuilder(
+        PodmanEngine(candidates(settings.podman_host, settings.docker_host, os.environ, os.getuid()))
+    )

@@ -1,0 +1,158 @@
+"""Project images as recipes (tags, build contexts, labels, what runs use) and the missing-library hint."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+
+from llm_sandbox_mcp import cli, images
+from llm_sandbox_mcp.backends import ImageBuild, ImageInfo
+from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.hints import missing_library, missing_library_hint
+from llm_sandbox_mcp.languages import LANGUAGES
+from llm_sandbox_mcp.server import build_server
+from tests.support.fakes import FakeBackend
+
+
+@pytest.mark.parametrize("language", sorted(LANGUAGES))
+def test_every_language_has_a_project_image_built_from_its_configured_base(language: str) -> None:
+    base: dict[str, Any] = {f"sandbox_image_{language}": "example.invalid/base:1"}
+    settings = Settings(**base)
+    recipe = images.recipe(settings, language)
+    assert recipe.base == "example.invalid/base:1"
+    assert settings.image_for(language) == recipe.tag and recipe.tag.startswith(images.REPOSITORY + language + ":")
+    with tarfile.open(fileobj=io.BytesIO(recipe.context())) as tar:
+        names = tar.getnames()
+        dockerfile = tar.extractfile("Dockerfile")
+        assert dockerfile is not None and b"FROM ${BASE}" in dockerfile.read()
+    assert names[0] == "Dockerfile"
+    if images.library_specs(language):
+        assert f"{language}.txt" in names
+    assert images.build_args(settings, recipe.base)["BASE"] == recipe.base
+
+
+def test_the_tag_follows_the_recipe_so_a_new_base_is_a_new_image() -> None:
+    one = images.recipe(Settings(sandbox_image_python="python:3.12-slim"), "python")
+    again = images.recipe(Settings(sandbox_image_python="python:3.12-slim"), "python")
+    other = images.recipe(Settings(sandbox_image_python="python:3.13-slim"), "python")
+    assert one.tag == again.tag != other.tag
+
+
+def test_the_pinned_libraries_are_the_ones_agents_reach_for_and_land_in_the_labels() -> None:
+    python = {images.library_name(spec): spec for spec in images.library_specs("python")}
+    wanted = "numpy pandas matplotlib scipy scikit-learn sympy seaborn pillow requests beautifulsoup4 openpyxl pyarrow"
+    assert set(wanted.split()) <= set(python)
+    assert all("==" in spec for spec in python.values())
+    assert all("@" in spec[1:] for spec in images.library_specs("javascript"))
+    assert {"ggplot2", "dplyr", "tidyr", "data.table", "jsonlite"} <= set(images.library_specs("r"))
+    labels = images.recipe(Settings(), "python").labels("sha256:abc")
+    assert labels[images.LIBRARIES_LABEL].split() == images.library_specs("python")
+    assert labels[images.BASE_ID_LABEL] == "sha256:abc" and labels[images.BASE_LABEL] == "python:3.12-slim"
+
+
+def test_registries_configured_for_libraries_reach_the_builds() -> None:
+    settings = Settings(sandbox_pip_index_url="https://mirror.example/simple", sandbox_npm_registry=None)
+    assert images.build_args(settings, "b") == {"BASE": "b", "PIP_INDEX_URL": "https://mirror.example/simple"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "derived"),
+    [({}, True), ({"sandbox_project_images": False}, False), ({"backend": "kubernetes"}, False)],
+)
+def test_runs_use_sandbox_image_as_it_is_without_project_images_and_on_kubernetes(
+    overrides: dict[str, Any], derived: bool
+) -> None:
+    settings = Settings(sandbox_image_r="my/r:1", **overrides)
+    assert images.derived(settings) is derived
+    assert (settings.image_for("r") == "my/r:1") is not derived
+
+
+def test_library_versions_come_only_from_names_on_the_list() -> None:
+    output = "numpy 2.2.6\npandas 2.2.3\nevil 1.0\nnumpy\n" + "x" * 10_000
+    assert images.parse_probe("python", output) == {"numpy": "2.2.6", "pandas": "2.2.3"}
+    probe = images.probe_argv("python")
+    assert probe is not None and probe[-1] == "pyarrow"
+    assert images.probe_argv("go") is None
+
+
+@pytest.mark.parametrize(
+    ("language", "stderr", "library"),
+    [
+        ("python", "Traceback ...\nModuleNotFoundError: No module named 'numpy'\n", "numpy"),
+        ("python", "ModuleNotFoundError: No module named 'sklearn.linear_model'", "scikit-learn"),
+        ("python", "ModuleNotFoundError: No module named 'PIL'", "pillow"),
+        ("python", "ModuleNotFoundError: No module named 'my_lib'", "my-lib"),
+        ("python", "ModuleNotFoundError: No module named '_tkinter'", None),
+        ("python", "ModuleNotFoundError: No module named 'tkinter'", None),
+        ("python", "NameError: name 'x' is not defined", None),
+        ("r", "Error in library(ggplot2) : there is no package called ‘ggplot2’", "ggplot2"),
+        ("javascript", "Error: Cannot find module 'lodash/fp'\nRequire stack:", "lodash"),
+        ("javascript", "Error [ERR_MODULE_NOT_FOUND]: Cannot find package '@scope/pkg' imported from", "@scope/pkg"),
+        ("javascript", "Error: Cannot find module '/workspace/other.js'", None),
+        ("ruby", "main.rb:1:in 'require': cannot load such file -- rainbow (LoadError)", "rainbow"),
+        ("go", "no required module provides package github.com/x/y", None),
+    ],
+)
+def test_a_run_missing_a_library_is_told_the_libraries_value_that_fixes_it(
+    language: str, stderr: str, library: str | None
+) -> None:
+    assert missing_library(language, stderr) == library
+    hint = missing_library_hint(language, stderr)
+    if library is None:
+        assert hint == ""
+    else:
+        assert f"libraries={json.dumps([library])}" in hint
+        assert LANGUAGES[language].check_libraries([library]) == [library]
+
+
+def test_images_without_an_engine_that_builds_says_what_to_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("BACKEND", "bubblewrap")
+    monkeypatch.setenv("SANDBOX_BWRAP_PATH", str(tmp_path / "bwrap"))
+    assert cli.main(["images", "list"]) == 2
+    error = capsys.readouterr().err
+    assert "The bubblewrap backend builds no images" in error and "BACKEND=docker or BACKEND=podman" in error
+
+
+@dataclass
+class BuildingBackend(FakeBackend):
+    """A fake engine that has no project image until it builds one, logging a step a while."""
+
+    built: list[str] = field(default_factory=lambda: [])
+
+    async def image_info(self, image: str) -> ImageInfo | None:
+        return ImageInfo("sha256:" + image, {}) if image in self.built or ":3.12-slim" in image else None
+
+    async def build_image(self, build: ImageBuild, on_line: Callable[[str], None]) -> None:
+        for step in range(1, 4):
+            on_line(f"Step {step}/3 : RUN pip install")
+            await anyio.sleep(0.05)
+        self.built.append(build.tag)
+
+
+@pytest.mark.anyio
+async def test_a_call_that_waits_for_the_first_build_reports_it_as_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("llm_sandbox_mcp.jobs.PROGRESS_EVERY", 0.01)
+    backend = BuildingBackend()
+    messages: list[str] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        messages.append(message or "")
+
+    async with Client(build_server(Settings(sandbox_pool_size=0), backend)) as client:
+        with anyio.fail_after(10):
+            result = await client.call_tool("execute_code", {"code": "print(1)"}, progress_callback=on_progress)
+    assert not result.is_error
+    assert backend.built == [images.recipe(Settings(), "python").tag]
+    assert any(message.startswith("building the python project image") for message in messages), messages
+    assert [spec.image for spec in backend.created] == backend.built
