@@ -35,6 +35,8 @@ from llm_sandbox_mcp.backends._threaded import Threaded
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure
 from llm_sandbox_mcp.models import (
+    EGRESS_DIR,
+    EGRESS_NETWORK,
     WORKDIR,
     ExecResult,
     Limits,
@@ -80,15 +82,20 @@ def container_options(spec: SandboxSpec, labels: Mapping[str, str]) -> dict[str,
             "/tmp": f"rw,exec,nosuid,nodev,size={limits.tmp_bytes},mode=1777",
         },
     }
+    mounts: list[Mount] = []
     if spec.cache is not None:
-        options["mounts"] = [
+        mounts.append(
             Mount(
                 target=str(spec.cache.target),
                 source=CACHE_PREFIX + spec.cache.key,
                 type="volume",
                 read_only=not spec.cache.writable,
             )
-        ]
+        )
+    if spec.egress is not None:
+        mounts.append(Mount(target=str(EGRESS_DIR), source=spec.egress, type="bind", read_only=True))
+    if mounts:
+        options["mounts"] = mounts
     return options
 
 
@@ -114,7 +121,7 @@ class DockerEngine:
     """Sandboxes as Docker containers, through the synchronous SDK (`Threaded` makes it a Backend)."""
 
     name = "docker"
-    install_network = "bridge"
+    install_network = EGRESS_NETWORK  # network none; the egress proxy socket is the only way out
 
     def __init__(self, base_url: str | None) -> None:
         self._base_url = base_url
