@@ -10,6 +10,7 @@ import ipaddress
 import json
 import secrets
 import socket
+import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,7 +19,7 @@ import pytest
 
 from llm_sandbox_mcp.egress import EgressListener, EgressPolicy, HostRule, open_listener
 from llm_sandbox_mcp.egress.relay import RELAY_PORT, proxy_env, start_relay
-from llm_sandbox_mcp.models import Limits, SandboxSpec
+from llm_sandbox_mcp.models import Limits, SandboxRef, SandboxSpec
 from tests.engines.conftest import RecordingBackend, engine_settings
 from tests.support.connects import recorded
 from tests.support.egress import PRIVATE_ADDRESS, loopback_name, private_name
@@ -95,7 +96,6 @@ def servers() -> Iterator[tuple[Server, Server]]:
         handler = type("Handler", (_Counting,), {"hits": hits})
         server = ThreadingHTTPServer((address, 0), handler)
         started.append((server, Server(server.server_address[1], hits)))
-    import threading
 
     threads = [threading.Thread(target=s.serve_forever, daemon=True) for s, _ in started]
     for thread in threads:
@@ -111,7 +111,7 @@ def servers() -> Iterator[tuple[Server, Server]]:
 @pytest.fixture
 async def egress_sandbox(
     backend: RecordingBackend, engine: str, servers: tuple[Server, Server]
-) -> AsyncIterator[tuple[RecordingBackend, EgressListener, object]]:
+) -> AsyncIterator[tuple[RecordingBackend, EgressListener, SandboxRef]]:
     if engine == "kubernetes":
         pytest.skip("Kubernetes sandboxes do not reach the egress proxy (see README, Egress)")
     name, _ = loopback_name()
@@ -133,7 +133,7 @@ async def egress_sandbox(
 
 
 async def test_only_the_allowed_host_is_reachable(
-    egress_sandbox: tuple[RecordingBackend, EgressListener, object], servers: tuple[Server, Server]
+    egress_sandbox: tuple[RecordingBackend, EgressListener, SandboxRef], servers: tuple[Server, Server]
 ) -> None:
     backend, listener, ref = egress_sandbox
     name, _ = loopback_name()
@@ -145,7 +145,7 @@ async def test_only_the_allowed_host_is_reachable(
     abstract.bind(f"\0llm-sandbox-egress-{token}")
     abstract.listen(4)
     abstract.setblocking(False)
-    cases = {
+    cases: dict[str, list[str | int]] = {
         "allowed": ["proxied", f"GET http://{name}:{allowed.port}/allowed HTTP/1.1\r\n\r\n"],
         "allowed_tunnel": ["proxied", f"CONNECT {name}:{allowed.port} HTTP/1.1\r\n\r\n"],
         "unlisted_port": ["proxied", f"GET http://{name}:{unlisted.port}/unlisted HTTP/1.1\r\n\r\n"],
@@ -155,7 +155,7 @@ async def test_only_the_allowed_host_is_reachable(
         "ip_literal": ["proxied", f"CONNECT {PRIVATE_ADDRESS}:443 HTTP/1.1\r\n\r\n"],
         "metadata": ["proxied", "GET http://169.254.169.254/latest/meta-data/ HTTP/1.1\r\n\r\n"],
         "metadata_tunnel": ["proxied", "CONNECT 169.254.169.254:80 HTTP/1.1\r\n\r\n"],
-        "private_name": ["proxied", "CONNECT {private}:443 HTTP/1.1\r\n\r\n"],
+        "private_name": ["proxied", "set below"],
         "direct_host_service": ["direct", "127.0.0.1", allowed.port],
         "direct_private": ["direct", PRIVATE_ADDRESS, 80],
         "direct_metadata": ["direct", "169.254.169.254", 80],
@@ -164,7 +164,7 @@ async def test_only_the_allowed_host_is_reachable(
     }
     try:
         with private_name() as private, recorded() as connects:
-            cases["private_name"][1] = cases["private_name"][1].format(private=private)
+            cases["private_name"][1] = f"CONNECT {private}:443 HTTP/1.1\r\n\r\n"
             result = await backend.exec(
                 ref, ["python3", "-c", PROBE, str(RELAY_PORT), json.dumps(cases)], timeout=120, env=proxy_env()
             )
@@ -184,7 +184,8 @@ async def test_only_the_allowed_host_is_reachable(
     assert seen["abstract_socket"] == "ConnectionRefusedError"
     assert seen["interfaces"] == ["lo"]
     assert allowed.hits == ["/allowed"] and unlisted.hits == []
-    outside = [a for a in connects if isinstance(a, tuple) and not ipaddress.ip_address(str(a[0])).is_loopback]
+    addresses = [str(a[0]) for a in connects if isinstance(a, tuple)]  # pyright: ignore[reportUnknownArgumentType]
+    outside = [address for address in addresses if not ipaddress.ip_address(address).is_loopback]
     assert outside == [], "the proxy tried an address it refused"
     reasons = {refusal.host: refusal.reason for refusal in listener.refused}
     assert "non-public address (10.255.255.1)" in reasons[private]
