@@ -9,7 +9,7 @@ from llm_sandbox_mcp.backends import Backend, SandboxProcess
 from llm_sandbox_mcp.egress.proxy import SOCKET_NAME
 from llm_sandbox_mcp.errors import SandboxFailure
 from llm_sandbox_mcp.languages import runner_source
-from llm_sandbox_mcp.models import EGRESS_DIR, SandboxRef
+from llm_sandbox_mcp.models import EGRESS_DIR, SandboxRef, SandboxSpec
 
 RELAY_PORT = 3128
 _READY_SECONDS = 20.0
@@ -24,6 +24,16 @@ def proxy_env() -> dict[str, str]:
     names = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "npm_config_proxy", "npm_config_https_proxy")
     java = " ".join(f"-D{scheme}.proxyHost=127.0.0.1 -D{scheme}.proxyPort={RELAY_PORT}" for scheme in ("http", "https"))
     return {**dict.fromkeys(names, url), "NO_PROXY": "", "no_proxy": "", "JAVA_TOOL_OPTIONS": java}
+
+
+def egress_env(spec: SandboxSpec) -> dict[str, str]:
+    """The proxy variables for a sandbox that has the egress socket, else none."""
+    return proxy_env() if spec.egress is not None else {}
+
+
+async def relay_alive(relay: SandboxProcess) -> bool:
+    """Whether the relay still runs (code in the sandbox, or a kill after a timeout, may have ended it)."""
+    return await relay.receive(timeout=0) != b""
 
 
 async def start_relay(backend: Backend, ref: SandboxRef) -> SandboxProcess:

@@ -4,6 +4,7 @@ refused a host the installer needed."""
 
 from __future__ import annotations
 
+import re
 import secrets
 import tempfile
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
@@ -17,6 +18,7 @@ import pytest
 from llm_sandbox_mcp.backends import load_backend
 from llm_sandbox_mcp.errors import InstallFailed
 from llm_sandbox_mcp.executor import Executor
+from llm_sandbox_mcp.sessions import SessionRegistry
 from tests.engines.conftest import engine_settings, require
 from tests.support.egress import loopback_name
 from tests.support.registries import Package, cran_repo, gem_source, go_proxy, maven_repo, pip_index, serve
@@ -131,3 +133,48 @@ async def test_a_refused_host_is_named_in_the_install_error_with_the_setting(
         message = str(failure.value)
         assert f"{registries.mirror_files} was refused" in message, message
         assert "SANDBOX_INSTALL_ALLOW_HOSTS can allow it" in message
+
+
+# A session's cell fetching through the proxy, as any client honouring HTTP_PROXY does.
+FETCH = """
+import urllib.request, urllib.error
+def fetch(url):
+    try:
+        return urllib.request.urlopen(url, timeout=20).status
+    except urllib.error.HTTPError as e:
+        return e.code
+print(fetch({allowed!r}), fetch({unlisted!r}))
+"""
+KILL_RELAY = """
+import os, signal
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        if b"perl" in open(f"/proc/{pid}/cmdline", "rb").read():
+            os.kill(int(pid), signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+@pytest.mark.parametrize("engine", [pytest.param(e, marks=getattr(pytest.mark, e)) for e in ("docker", "bubblewrap")])
+async def test_a_session_reaches_its_hosts_and_nothing_else(
+    request: pytest.FixtureRequest, registries: Registries, engine: str
+) -> None:
+    name, _ = loopback_name()
+    named = registries.settings["sandbox_goproxy"].removesuffix("/go")
+    port = named.rsplit(":", 1)[1]
+    pip = registries.settings["sandbox_pip_index_url"]
+    async with _executor(request, engine, set(), sandbox_session_allow_hosts=[f"{name}:{port}", "*.test"]) as executor:
+        sessions = SessionRegistry(executor.settings, executor)
+        try:
+            session = await sessions.create("python", [], network=[f"{name}:{port}"])
+            assert session.describe()["allowed_hosts"] == [f"{name}:{port}"]
+            code = FETCH.format(allowed=f"{named}/go/example.com/greet/@v/list", unlisted=pip)
+            first = await sessions.execute(session.id, code, [], 60)
+            # Code that kills the relay cuts only itself off, until the next cell, which has it again.
+            killed = await sessions.execute(session.id, KILL_RELAY + code, [], 60)
+            again = await sessions.execute(session.id, code, [], 60)
+        finally:
+            await sessions.aclose()
+    assert first.stdout == again.stdout == "200 403\n", (first.stderr, again.stderr)
+    assert killed.exit_code != 0 and re.search("Connection (refused|reset)", killed.stderr), killed.stderr
