@@ -29,7 +29,7 @@ from llm_sandbox_mcp.egress.registries import (
 )
 from llm_sandbox_mcp.egress.relay import proxy_env, start_relay
 from llm_sandbox_mcp.errors import InstallFailed, SandboxFailure
-from llm_sandbox_mcp.languages import Language, install_env, sandbox_env
+from llm_sandbox_mcp.languages import LANGUAGES, Language, install_env, sandbox_env
 from llm_sandbox_mcp.models import EGRESS_NETWORK, LIBS_DIR, CacheMount, Limits, SandboxRef, SandboxSpec
 from llm_sandbox_mcp.transfer import pack
 
@@ -64,6 +64,47 @@ def _refusals(listener: EgressListener | None) -> str:
     return f"The installer's egress proxy refused: {shown}. "
 
 
+def installer_policy(settings: Settings, lang: Language) -> EgressPolicy:
+    """What the operator configured for an installer of `lang`: its registry settings and extra hosts."""
+    rules = configured_rules(install_env(lang, settings), settings.sandbox_install_allow_hosts)
+    return EgressPolicy.of(rules, INSTALL_SETTING)
+
+
+def needs_defaults(settings: Settings, lang: Language) -> bool:
+    """Whether an installer of `lang` also uses registries no setting names (the image toolchain's defaults)."""
+    configured = install_env(lang, settings)
+    unset = not lang.registry_env or not all(variable in configured for variable in lang.registry_env)
+    return lang.name in DEFAULT_REGISTRY_COMMANDS and unset
+
+
+def egress_report(settings: Settings, install_network: str) -> list[str]:
+    """`doctor`'s lines: what each kind of sandbox may reach with these settings on this engine."""
+    lines = [f"code sandboxes: network {settings.sandbox_network_mode!r} (SANDBOX_NETWORK_MODE)"]
+    network = settings.sandbox_install_network_mode or install_network
+    if network != EGRESS_NETWORK:
+        origin = "SANDBOX_INSTALL_NETWORK_MODE" if settings.sandbox_install_network_mode else "this engine's"
+        lines.append(f"installers: network {network!r} ({origin}), not filtered by the egress proxy")
+    else:
+        for lang in LANGUAGES.values():
+            hosts = installer_policy(settings, lang).summary()
+            if needs_defaults(settings, lang):
+                hosts.append(f"the image's {lang.package_manager} defaults (public addresses)")
+            lines.append(f"{lang.name} installer: through the egress proxy to {', '.join(hosts) or 'no host'}")
+    allowed = ", ".join(settings.sandbox_session_allow_hosts)
+    lines.append(
+        f"sessions: network=[hosts] within {allowed} (SANDBOX_SESSION_ALLOW_HOSTS)"
+        if allowed and install_network == EGRESS_NETWORK
+        else "sessions: network=[hosts] refused (SANDBOX_SESSION_ALLOW_HOSTS unset, or this engine has no proxy)"
+    )
+    mode = settings.sandbox_session_network_mode
+    lines.append(
+        f"sessions: network=true gives network {mode!r} unfiltered (SANDBOX_SESSION_NETWORK_MODE)"
+        if mode
+        else "sessions: network=true refused (SANDBOX_SESSION_NETWORK_MODE unset)"
+    )
+    return lines
+
+
 class LibraryCache:
     """Library stores on one backend; each is installed at most once per server."""
 
@@ -87,24 +128,6 @@ class LibraryCache:
         """The installer's network: as configured, else what this engine offers installers (on every engine
         but Kubernetes: EGRESS_NETWORK, no network but the proxy)."""
         return self.settings.sandbox_install_network_mode or self.backend.install_network
-
-    def policy(self, lang: Language) -> list[str]:
-        """What an installer of `lang` may reach, for `doctor`: the configured hosts, and what else applies."""
-        network = self.network()
-        if network != EGRESS_NETWORK:
-            return [f"network {network!r} (SANDBOX_INSTALL_NETWORK_MODE or the engine's): no egress filtering"]
-        hosts = self._configured(lang).summary()
-        if self._needs_defaults(lang):
-            hosts.append(f"the default registries of the image's {lang.package_manager}")
-        return hosts
-
-    def _configured(self, lang: Language) -> EgressPolicy:
-        extra = self.settings.sandbox_install_allow_hosts
-        return EgressPolicy.of(configured_rules(install_env(lang, self.settings), extra), INSTALL_SETTING)
-
-    def _needs_defaults(self, lang: Language) -> bool:
-        configured = install_env(lang, self.settings)
-        return lang.name in DEFAULT_REGISTRY_COMMANDS and not all(v in configured for v in lang.registry_env)
 
     def key(self, lang: Language, specs: list[str]) -> str:
         """Language, image, specs and the registry they come from: a different mirror is a different cache."""
@@ -132,7 +155,7 @@ class LibraryCache:
                 cpus=max(self.limits.cpus, 2.0),
             )
             listener = (
-                await open_listener(self._configured(lang), f"the {lang.title} installer")
+                await open_listener(installer_policy(self.settings, lang), f"the {lang.title} installer")
                 if (network == EGRESS_NETWORK)
                 else None
             )
@@ -220,7 +243,7 @@ class LibraryCache:
         await self.backend.exec(ref, ["find", str(LIBS_DIR), "-mindepth", "1", "-delete"], timeout=60)
         relay = None
         if listener is not None:
-            if self._needs_defaults(lang):
+            if needs_defaults(self.settings, lang):
                 listener.policy = EgressPolicy.of(
                     [*listener.policy.rules, *await self._default_rules(ref, lang, env)], INSTALL_SETTING
                 )

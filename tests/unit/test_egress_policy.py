@@ -6,10 +6,13 @@ import ipaddress
 
 import pytest
 
+from llm_sandbox_mcp.config import Settings, load_settings
 from llm_sandbox_mcp.egress.policy import EgressPolicy, HostRule, Refusal, normalize_host, public
 from llm_sandbox_mcp.egress.registries import configured_rules, gosumdb_rules, url_rules
 from llm_sandbox_mcp.egress.request import MAX_HEAD, BadRequest, parse_head
 from llm_sandbox_mcp.egress.upstream import bypassed
+from llm_sandbox_mcp.errors import ConfigError
+from llm_sandbox_mcp.libraries import egress_report
 
 LOOPBACK = ipaddress.ip_address("127.0.0.1")
 PUBLIC = ipaddress.ip_address("8.8.8.8")
@@ -184,3 +187,29 @@ def test_no_proxy_matching() -> None:
     assert bypassed("anything", "*")
     assert not bypassed("evilcorp", ".corp")
     assert not bypassed("a.org", "")
+
+
+def test_doctor_shows_the_policy_of_each_kind() -> None:
+    settings = Settings(
+        sandbox_pip_index_url="https://mirror.corp/simple",
+        sandbox_install_allow_hosts=["files.corp"],
+        sandbox_session_allow_hosts=["api.example.org"],
+    )
+    lines = egress_report(settings, "egress")
+    assert lines[0] == "code sandboxes: network 'none' (SANDBOX_NETWORK_MODE)"
+    assert "python installer: through the egress proxy to mirror.corp:443, files.corp" in lines
+    assert any(
+        line.startswith("cpp installer: through the egress proxy to files.corp, the image's apt") for line in lines
+    )
+    assert "sessions: network=[hosts] within api.example.org (SANDBOX_SESSION_ALLOW_HOSTS)" in lines
+    assert "sessions: network=true refused (SANDBOX_SESSION_NETWORK_MODE unset)" in lines
+    opened = egress_report(Settings(sandbox_install_network_mode="host", sandbox_session_network_mode="host"), "egress")
+    assert "installers: network 'host' (SANDBOX_INSTALL_NETWORK_MODE), not filtered by the egress proxy" in opened
+    assert "sessions: network=true gives network 'host' unfiltered (SANDBOX_SESSION_NETWORK_MODE)" in opened
+    assert "sessions: network=[hosts] refused" in egress_report(settings, "bridge")[-2]
+
+
+def test_bad_allowlist_entries_are_configuration_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SANDBOX_SESSION_ALLOW_HOSTS", "api.example.org, not a host")
+    with pytest.raises(ConfigError, match="SANDBOX_SESSION_ALLOW_HOSTS: not a host name"):
+        load_settings()
