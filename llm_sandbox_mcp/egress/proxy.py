@@ -74,6 +74,8 @@ class EgressListener:
                 await _answer(writer, 503, "too many connections through this sandbox's proxy")
                 return
             await self._handle(reader, writer)
+        except asyncio.CancelledError:
+            pass  # only `aclose` cancels; a cancelled callback task would be reported by asyncio as an error
         except Exception as exc:  # hostile input must never end anything but its own connection
             logger.debug("Egress connection for %s ended: %r", self.label, exc)
         finally:
