@@ -21,7 +21,16 @@ from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.sessions import SessionRegistry
 from tests.engines.conftest import engine_settings, require
 from tests.support.egress import loopback_name
-from tests.support.registries import Package, cran_repo, gem_source, go_proxy, maven_repo, pip_index, serve
+from tests.support.registries import (
+    Package,
+    cran_repo,
+    gem_source,
+    go_proxy,
+    maven_repo,
+    npm_registry,
+    pip_index,
+    serve,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -30,7 +39,7 @@ pytestmark = pytest.mark.anyio
 # engines install one.
 CASES = [
     pytest.param("docker", language, marks=pytest.mark.docker, id=f"docker-{language}")
-    for language in ("python", "go", "ruby", "java", "r")
+    for language in ("python", "javascript", "go", "ruby", "java", "r")
 ] + [
     pytest.param(engine, "python", marks=getattr(pytest.mark, engine), id=f"{engine}-python")
     for engine in ("podman", "bubblewrap")
@@ -49,7 +58,7 @@ class Registries:
 
 @pytest.fixture(scope="module")
 def registries() -> Iterator[Registries]:
-    """Go, Ruby, Java and R registries under the host's own name (Go, Ruby and Java skip their proxy for
+    """npm, Go, Ruby, Java and R registries under the host's own name (Go, Ruby and Java skip their proxy for
     127.0.0.1 and localhost); pip's on 127.0.0.1, the only plain-HTTP host pip trusts."""
     name, address = loopback_name()
     token = str(secrets.randbelow(10**9))
@@ -65,6 +74,7 @@ def registries() -> Iterator[Registries]:
             (root / directory).mkdir()
             packages[language] = build(root / directory, token)
         packages["python"] = pip_index(root / "pip", token)
+        (root / "npm").mkdir()
         (root / "mirror").mkdir()
         with (
             serve(root, address, name) as named,
@@ -72,9 +82,11 @@ def registries() -> Iterator[Registries]:
             serve(root / "mirror") as mirror,
             serve(root / "mirror") as mirror_files,
         ):
+            packages["javascript"] = npm_registry(root / "npm", token, f"{named}/npm")
             yield Registries(
                 settings={
                     "sandbox_pip_index_url": f"{pip}/simple",
+                    "sandbox_npm_registry": f"{named}/npm",
                     "sandbox_goproxy": f"{named}/go",
                     "sandbox_gosumdb": "off",
                     "sandbox_gem_source": f"{named}/gems",

@@ -12,11 +12,14 @@ Building the packages uses the host's own tools where the format needs them (`R 
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import io
 import json
 import shutil
 import subprocess
+import tarfile
 import threading
 import zipfile
 from collections.abc import Generator
@@ -89,6 +92,36 @@ def pip_index(root: Path, token: str, files_url: str = "../../files") -> Package
     (page / "index.html").write_text(f'<html><body><a href="{files_url}/{wheel}">{wheel}</a></body></html>\n')
     code = "from greet_egress import hello\nprint(hello('pythonista'))\n"
     return Package(f"greet-egress=={version}", code, "hello, pythonista\n")
+
+
+def npm_registry(root: Path, token: str, url: str) -> Package:
+    """An npm registry (the packument as a directory index, so `GET url/greet-egress` finds it after the
+    server's redirect) holding one CommonJS package whose tarball is served from `url`."""
+    name, version = "greet-egress", f"1.0.{token}"
+    tarball = io.BytesIO()
+    with tarfile.open(fileobj=tarball, mode="w:gz") as archive:
+        for member, text in {
+            "package/package.json": json.dumps({"name": name, "version": version, "main": "index.js"}),
+            "package/index.js": 'exports.hello = (name) => "hello, " + name;\n',
+        }.items():
+            data = text.encode()
+            info = tarfile.TarInfo(member)
+            info.size, info.mode = len(data), 0o644
+            archive.addfile(info, io.BytesIO(data))
+    data = tarball.getvalue()
+    file = f"{name}-{version}.tgz"
+    (root / name / "-").mkdir(parents=True)
+    (root / name / "-" / file).write_bytes(data)
+    integrity = "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
+    dist = {"tarball": f"{url}/{name}/-/{file}", "shasum": hashlib.sha1(data).hexdigest(), "integrity": integrity}
+    packument = {
+        "name": name,
+        "dist-tags": {"latest": version},
+        "versions": {version: {"name": name, "version": version, "main": "index.js", "dist": dist}},
+    }
+    (root / name / "index.html").write_text(json.dumps(packument))
+    code = "const { hello } = require('greet-egress');\nconsole.log(hello('node'));\n"
+    return Package(f"{name}@{version}", code, "hello, node\n")
 
 
 def go_proxy(root: Path, token: str) -> Package:
@@ -230,4 +263,4 @@ def _publish(root: Path, artifact: str, version: str, jar: bytes | None, pom: st
         (directory / f"{artifact}-{version}.jar").write_bytes(jar)
 
 
-__all__ = ["Package", "cran_repo", "gem_source", "go_proxy", "maven_repo", "pip_index", "serve"]
+__all__ = ["Package", "cran_repo", "gem_source", "go_proxy", "maven_repo", "npm_registry", "pip_index", "serve"]
