@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import anyio
 
-from llm_sandbox_mcp.backends import Backend, stop_on_cancel
+from llm_sandbox_mcp.backends import Backend, SandboxProcess, stop_on_cancel
 from llm_sandbox_mcp.budget import MemoryBudget
 from llm_sandbox_mcp.cache_index import CacheEntry, CacheIndex, over_total
 from llm_sandbox_mcp.config import Settings
@@ -201,6 +201,11 @@ class LibraryCache:
         try:
             ref = await self.backend.create(spec)
         except SandboxFailure as exc:
+            if spec.egress is not None:
+                raise InstallFailed(
+                    f"Could not start the library installer: {exc}. SANDBOX_INSTALL_NETWORK_MODE can give installers "
+                    "a network this engine has instead, unfiltered (the installer runs the packages' own code)"
+                ) from exc
             raise InstallFailed(
                 f"Could not start the library installer: {exc}. Its network is "
                 f"SANDBOX_INSTALL_NETWORK_MODE={spec.limits.network_mode!r}; set it to a network this engine "
@@ -241,17 +246,7 @@ class LibraryCache:
         timeout = self.settings.sandbox_install_timeout
         # A cache left half-written by an interrupted install is emptied first.
         await self.backend.exec(ref, ["find", str(LIBS_DIR), "-mindepth", "1", "-delete"], timeout=60)
-        relay = None
-        if listener is not None:
-            if needs_defaults(self.settings, lang):
-                listener.policy = EgressPolicy.of(
-                    [*listener.policy.rules, *await self._default_rules(ref, lang, env)], INSTALL_SETTING
-                )
-            try:
-                relay = await start_relay(self.backend, ref)
-            except SandboxFailure as exc:
-                raise InstallFailed(f"Could not start the library installer's network: {exc}") from exc
-            env.update(proxy_env())
+        relay = await self._egress(ref, lang, env, listener) if listener is not None else None
         try:
             result = await self.backend.exec(
                 ref, lang.install_argv(specs), timeout=timeout, env=env, output_limit=65536
@@ -267,6 +262,20 @@ class LibraryCache:
                 f"{_refusals(listener)}Check the names and versions. Installer output:\n{output}"
             )
         await self.backend.exec(ref, ["touch", _COMPLETE], timeout=30)
+
+    async def _egress(
+        self, ref: SandboxRef, lang: Language, env: dict[str, str], listener: EgressListener
+    ) -> SandboxProcess:
+        """The installer's way out: its registries allowed, the relay to the proxy started, `env` pointed at it."""
+        if needs_defaults(self.settings, lang):
+            defaults = await self._default_rules(ref, lang, env)
+            listener.policy = EgressPolicy.of([*listener.policy.rules, *defaults], INSTALL_SETTING)
+        try:
+            relay = await start_relay(self.backend, ref)
+        except SandboxFailure as exc:
+            raise InstallFailed(f"Could not start the library installer's network: {exc}") from exc
+        env.update(proxy_env())
+        return relay
 
     async def _default_rules(self, ref: SandboxRef, lang: Language, env: dict[str, str]) -> list[HostRule]:
         """The registries the image's toolchain uses where no setting names one (read before any package code

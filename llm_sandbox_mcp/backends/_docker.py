@@ -157,6 +157,11 @@ class DockerEngine:
             return self._client
 
     def create(self, spec: SandboxSpec, track: Callable[[str], None]) -> str:
+        if spec.egress is not None and not (self._base_url or "unix://").startswith("unix://"):
+            raise SandboxFailure(
+                f"the egress proxy's socket is on this machine, and a sandbox of the Docker engine at "
+                f"{self._base_url} cannot mount it"
+            )
         client = self._docker()
         self._ensure_image(spec.image)
         if spec.cache is not None and spec.cache.writable:

@@ -30,6 +30,8 @@ CONNECT_SECONDS = 20.0
 IDLE_SECONDS = 300.0
 _CHUNK = 64 * 1024
 _MAX_REFUSALS = 20
+# A sandbox that floods the proxy must not flood the server's log.
+MAX_LOGGED_REFUSALS = 200
 
 
 @dataclass
@@ -41,6 +43,7 @@ class EgressListener:
     directory: Path
     refused: list[Refusal] = field(default_factory=lambda: [])
     connections: int = 0
+    refusals: int = 0
     _server: asyncio.AbstractServer | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=lambda: set())
 
@@ -60,7 +63,11 @@ class EgressListener:
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def _refuse(self, refusal: Refusal) -> None:
-        logger.warning("Egress refused for %s: %s", self.label, refusal.message(self.policy.setting))
+        self.refusals += 1
+        if self.refusals <= MAX_LOGGED_REFUSALS:
+            logger.warning("Egress refused for %s: %s", self.label, refusal.message(self.policy.setting))
+        if self.refusals == MAX_LOGGED_REFUSALS:
+            logger.warning("Egress: further refusals for %s are not logged", self.label)
         if len(self.refused) < _MAX_REFUSALS and refusal not in self.refused:
             self.refused.append(refusal)
 
