@@ -122,13 +122,17 @@ async def egress_sandbox(
     spec = SandboxSpec(
         settings.image_for("python"), replace(Limits(), network_mode="none"), egress=str(listener.directory)
     )
-    ref = await backend.create(spec)
-    relay = await start_relay(backend, ref)
     try:
-        yield backend, listener, ref
+        ref = await backend.create(spec)
+        try:
+            relay = await start_relay(backend, ref)
+            try:
+                yield backend, listener, ref
+            finally:
+                await relay.aclose()
+        finally:
+            await backend.destroy(ref)
     finally:
-        await relay.aclose()
-        await backend.destroy(ref)
         await listener.aclose()
 
 
