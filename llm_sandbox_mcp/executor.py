@@ -18,7 +18,7 @@ from llm_sandbox_mcp.backends import Backend, stop_on_cancel
 from llm_sandbox_mcp.budget import MemoryBudget
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.egress.relay import egress_env
-from llm_sandbox_mcp.errors import InvalidRequest
+from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure
 from llm_sandbox_mcp.kernel import Kernel
 from llm_sandbox_mcp.languages import COMPILE_FAILED_MARKER, Language, get_language, sandbox_env
 from llm_sandbox_mcp.libraries import LibraryCache
@@ -236,7 +236,12 @@ class Executor:
             )
             # Nothing of the program may still run while its files are read: no process swaps them mid-read.
             await self.backend.kill_all(lease.ref)
-            outputs = await self._collect_outputs(lease.ref)
+            try:
+                outputs = await self._collect_outputs(lease.ref)
+            except SandboxFailure as exc:  # a kill that could not be proven removed the sandbox, files and all
+                logger.info("No outputs of %s: %s", lease.ref.id[:12], exc)
+                outputs = []
+                result.stderr += b"\n[the sandbox was removed before its output files could be read]\n"
             result.artifacts = cell.changed(outputs) if cell is not None else outputs
         # A one-shot sandbox is destroyed after the run anyway: only a session can lose its interpreter.
         lost = result.interpreter_lost and cell is not None

@@ -25,6 +25,8 @@ from llm_sandbox_mcp.models import EGRESS_NETWORK, MIN_CPUS, MIN_MEMORY, Executi
 logger = logging.getLogger(__name__)
 
 SESSION_SETTING = "SANDBOX_SESSION_ALLOW_HOSTS"
+# Why recently closed sessions are gone, for the model that calls one again; older ones are forgotten.
+_REMEMBERED_CLOSES = 1024
 
 # Workspace size in KiB, then the memory the sandbox's cgroup charges (v2, then v1), when it is visible inside.
 _USAGE = (
@@ -221,6 +223,8 @@ class SessionRegistry:
         if session is None:
             return
         self._why_gone[session_id] = why
+        while len(self._why_gone) > _REMEMBERED_CLOSES:
+            del self._why_gone[next(iter(self._why_gone))]
         try:
             if session.relay is not None:
                 await session.relay.aclose()

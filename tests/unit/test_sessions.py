@@ -9,6 +9,7 @@ from mcp import Client
 from mcp_types import CallToolResult, TextContent
 
 from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.errors import SandboxNotFound
 from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.server import build_server
 from llm_sandbox_mcp.sessions import SessionRegistry
@@ -251,3 +252,19 @@ async def test_sessions_on_an_engine_without_the_proxy_cannot_be_given_hosts() -
     async with Client(build_server(settings, backend)) as client:
         result = await client.call_tool("create_session", {"language": "python", "network": ["api.example.org"]})
     assert result.is_error and "cannot reach the server's egress proxy" in _text(result)
+
+
+async def test_the_record_of_closed_sessions_is_bounded_and_keeps_the_most_recent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("llm_sandbox_mcp.sessions._REMEMBERED_CLOSES", 3)
+    settings = Settings(sandbox_pool_size=0, sandbox_max_sessions=10)
+    async with Executor(settings, FakeBackend(handler=lambda call: ok())) as executor:
+        registry = SessionRegistry(settings, executor)
+        ids = [(await registry.create("javascript", [])).id for _ in range(5)]
+        for session_id in ids:
+            await registry.close(session_id)
+        with pytest.raises(SandboxNotFound, match="it was closed"):
+            registry.get(ids[-1])
+        with pytest.raises(SandboxNotFound, match="no session with that id"):
+            registry.get(ids[0])
