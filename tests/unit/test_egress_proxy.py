@@ -54,22 +54,25 @@ async def _ask(listener: EgressListener, data: bytes) -> bytes:
     return answer
 
 
-async def test_plain_http_to_an_explicit_host_is_forwarded_in_origin_form(origin: int) -> None:
-    listener = await _listener(f"127.0.0.1:{origin}")
+async def _ask_once(entry: str, data: bytes) -> bytes:
+    """`data` sent to a new listener allowing `entry`, and the answer."""
+    listener = await _listener(entry)
     try:
-        answer = await _ask(listener, f"GET http://127.0.0.1:{origin}/simple/ HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        return await _ask(listener, data)
     finally:
         await listener.aclose()
+
+
+async def test_plain_http_to_an_explicit_host_is_forwarded_in_origin_form(origin: int) -> None:
+    answer = await _ask_once(
+        f"127.0.0.1:{origin}", f"GET http://127.0.0.1:{origin}/simple/ HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    )
     assert answer.startswith(b"HTTP/1.1 200 OK")
     assert f"GET /simple/ HTTP/1.1\r\nHost: 127.0.0.1:{origin}\r\nConnection: close".encode() in answer
 
 
 async def test_connect_opens_a_tunnel(origin: int) -> None:
-    listener = await _listener(f"127.0.0.1:{origin}")
-    try:
-        answer = await _ask(listener, f"CONNECT 127.0.0.1:{origin} HTTP/1.1\r\n\r\nPING\r\n\r\n".encode())
-    finally:
-        await listener.aclose()
+    answer = await _ask_once(f"127.0.0.1:{origin}", f"CONNECT 127.0.0.1:{origin} HTTP/1.1\r\n\r\nPING\r\n\r\n".encode())
     assert answer == b"HTTP/1.1 200 Connection established\r\n\r\nPONG PING\r\n\r\n"
 
 
@@ -114,11 +117,7 @@ async def test_implied_names_resolving_to_loopback_are_refused(origin: int) -> N
 
 
 async def test_explicit_names_resolve_on_the_host_side(origin: int) -> None:
-    listener = await _listener(f"localhost:{origin}")
-    try:
-        answer = await _ask(listener, f"CONNECT localhost:{origin} HTTP/1.1\r\n\r\nPING\r\n\r\n".encode())
-    finally:
-        await listener.aclose()
+    answer = await _ask_once(f"localhost:{origin}", f"CONNECT localhost:{origin} HTTP/1.1\r\n\r\nPING\r\n\r\n".encode())
     assert answer.endswith(b"PONG PING\r\n\r\n")
 
 
