@@ -20,6 +20,7 @@ from llm_sandbox_mcp.config import BackendChoice, Settings, load_settings
 from llm_sandbox_mcp.errors import ConfigError, SandboxError
 from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import LANGUAGES
+from llm_sandbox_mcp.libraries import egress_report
 from llm_sandbox_mcp.models import Execution
 
 logger = logging.getLogger("llm_sandbox_mcp")
@@ -159,6 +160,8 @@ async def _doctor(settings: Settings) -> int:
         sys.stdout.write(f"configured backend: {chosen.name} (NOT usable)\n")
         return 1
     sys.stdout.write(f"configured backend: {chosen.name} (usable; {why})\n")
+    for line in egress_report(settings, chosen.install_network):
+        sys.stdout.write(f"egress: {line}\n")
     return 0
 
 

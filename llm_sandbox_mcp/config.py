@@ -10,11 +10,21 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
-from pydantic import AliasChoices, BeforeValidator, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BeforeValidator,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from llm_sandbox_mcp import images
 from llm_sandbox_mcp.defaults import IMAGES, SANDBOX_USER
+from llm_sandbox_mcp.egress.policy import HostRule
 from llm_sandbox_mcp.errors import ConfigError
 from llm_sandbox_mcp.models import MIN_CPUS, MIN_MEMORY, Limits
 
@@ -61,7 +71,14 @@ def _split_pairs(value: object) -> object:
     return pairs
 
 
+def _hosts(value: list[str]) -> list[str]:
+    for entry in value:
+        HostRule.parse(entry, explicit=True)  # raises ValueError naming the bad entry
+    return value
+
+
 CommaList = Annotated[list[str], NoDecode, BeforeValidator(_split_commas)]
+HostList = Annotated[list[str], NoDecode, BeforeValidator(_split_commas), AfterValidator(_hosts)]
 KeyValues = Annotated[dict[str, str], NoDecode, BeforeValidator(_split_pairs)]
 Size = Annotated[int, BeforeValidator(parse_size)]
 
@@ -106,6 +123,7 @@ class Settings(BaseSettings):
     sandbox_cache_max_size: Size = 4 * 1024**3
     sandbox_cache_total_size: Size = 20 * 1024**3
     sandbox_install_network_mode: str | None = None
+    sandbox_install_allow_hosts: HostList = Field(default_factory=lambda: [])
     sandbox_install_ca_bundle: Path | None = None
     sandbox_pip_index_url: str | None = None
     sandbox_npm_registry: str | None = None
@@ -134,6 +152,7 @@ class Settings(BaseSettings):
     sandbox_session_max_memory: Size = 2 * 1024**3
     sandbox_session_max_cpus: Annotated[float, Field(ge=MIN_CPUS)] = 2.0
     sandbox_session_network_mode: str | None = None
+    sandbox_session_allow_hosts: HostList = Field(default_factory=lambda: [])
     sandbox_foreground_limit: PositiveFloat = 50.0
     sandbox_max_jobs: PositiveInt = 16
     sandbox_job_retention: PositiveFloat = 3600.0

@@ -7,7 +7,7 @@ a session's cell.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 
 import anyio
@@ -18,6 +18,7 @@ from llm_sandbox_mcp.artifacts import Artifact, collect
 from llm_sandbox_mcp.backends import Backend, stop_on_cancel
 from llm_sandbox_mcp.budget import MemoryBudget
 from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.egress.relay import egress_env
 from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure
 from llm_sandbox_mcp.hints import missing_library_hint
 from llm_sandbox_mcp.images.build import ProjectImages
@@ -180,9 +181,12 @@ class Executor:
             finally:
                 await self.pool.release(lease)
 
-    async def open(self, lang: Language, libraries: list[str], limits: Limits, live: Live | None = None) -> Lease:
-        """A sandbox of its own (with its interpreter) for a session, outside the pool."""
-        spec = await self._spec(lang, libraries, limits, live)
+    async def open(
+        self, lang: Language, libraries: list[str], limits: Limits, live: Live | None = None, egress: str | None = None
+    ) -> Lease:
+        """A sandbox of its own (with its interpreter) for a session, outside the pool; `egress`: the directory
+        of its egress proxy socket, when it has one."""
+        spec = replace(await self._spec(lang, libraries, limits, live), egress=egress)
         if live is not None:
             live.phase = "starting the sandbox"
         return await self._make_lease(WarmKey(lang.name, spec), False)
@@ -230,7 +234,7 @@ class Executor:
                     lang.run_argv(),
                     timeout=program.timeout,
                     stdin=program.source,
-                    env=sandbox_env(lang, ref.spec.cache is not None),
+                    env={**sandbox_env(lang, ref.spec.cache is not None), **egress_env(ref.spec)},
                     output_limit=self.settings.sandbox_output_limit,
                     on_output=live.feed,
                 ),
@@ -285,7 +289,10 @@ class Executor:
 
     async def _start_kernel(self, lease: Lease, preload: bool) -> None:
         if lease.language.kernel:
-            env = sandbox_env(lease.language, with_libraries=lease.ref.spec.cache is not None)
+            env = {
+                **sandbox_env(lease.language, with_libraries=lease.ref.spec.cache is not None),
+                **egress_env(lease.ref.spec),
+            }
             lease.kernel = await Kernel.start(self.backend, lease.ref, env, preload=preload)
 
     async def _revive(self, lease: Lease) -> bool:

@@ -1,7 +1,8 @@
 """The library cache: libraries installed once, in a sandbox of their own, into a store keyed by what they are.
 
-The install runs in a short-lived sandbox with the network the engine offers installers; the sandboxes that
-run user code mount the finished store read-only and never get network.
+The install runs in a short-lived sandbox whose only way out is the egress proxy, allowing the registries of
+its language (SANDBOX_INSTALL_NETWORK_MODE opens another network, explicitly); the sandboxes that run user
+code mount the finished store read-only and never get network.
 """
 
 from __future__ import annotations
@@ -15,13 +16,21 @@ from dataclasses import replace
 
 import anyio
 
-from llm_sandbox_mcp.backends import Backend, stop_on_cancel
+from llm_sandbox_mcp.backends import Backend, SandboxProcess, stop_on_cancel
 from llm_sandbox_mcp.budget import MemoryBudget
 from llm_sandbox_mcp.cache_index import CacheEntry, CacheIndex, over_total
 from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.egress import EgressListener, EgressPolicy, HostRule, open_listener
+from llm_sandbox_mcp.egress.registries import (
+    DEFAULT_REGISTRY_COMMANDS,
+    INSTALL_SETTING,
+    configured_rules,
+    url_rules,
+)
+from llm_sandbox_mcp.egress.relay import proxy_env, start_relay
 from llm_sandbox_mcp.errors import InstallFailed, SandboxFailure
-from llm_sandbox_mcp.languages import Language, install_env, sandbox_env
-from llm_sandbox_mcp.models import LIBS_DIR, CacheMount, Limits, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.languages import LANGUAGES, Language, install_env, sandbox_env
+from llm_sandbox_mcp.models import EGRESS_NETWORK, LIBS_DIR, CacheMount, Limits, SandboxRef, SandboxSpec
 from llm_sandbox_mcp.transfer import pack
 
 logger = logging.getLogger(__name__)
@@ -47,6 +56,55 @@ def _decode(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
 
+def _refusals(listener: EgressListener | None) -> str:
+    """The hosts the proxy refused this installer, and the setting that allows them, for the install error."""
+    if listener is None or not listener.refused:
+        return ""
+    shown = "; ".join(refusal.message(INSTALL_SETTING) for refusal in listener.refused[:5])
+    return f"The installer's egress proxy refused: {shown}. "
+
+
+def installer_policy(settings: Settings, lang: Language) -> EgressPolicy:
+    """What the operator configured for an installer of `lang`: its registry settings and extra hosts."""
+    rules = configured_rules(install_env(lang, settings), settings.sandbox_install_allow_hosts)
+    return EgressPolicy.of(rules, INSTALL_SETTING)
+
+
+def needs_defaults(settings: Settings, lang: Language) -> bool:
+    """Whether an installer of `lang` also uses registries no setting names (the image toolchain's defaults)."""
+    configured = install_env(lang, settings)
+    unset = not lang.registry_env or not all(variable in configured for variable in lang.registry_env)
+    return lang.name in DEFAULT_REGISTRY_COMMANDS and unset
+
+
+def egress_report(settings: Settings, install_network: str) -> list[str]:
+    """`doctor`'s lines: what each kind of sandbox may reach with these settings on this engine."""
+    lines = [f"code sandboxes: network {settings.sandbox_network_mode!r} (SANDBOX_NETWORK_MODE)"]
+    network = settings.sandbox_install_network_mode or install_network
+    if network != EGRESS_NETWORK:
+        origin = "SANDBOX_INSTALL_NETWORK_MODE" if settings.sandbox_install_network_mode else "this engine's"
+        lines.append(f"installers: network {network!r} ({origin}), not filtered by the egress proxy")
+    else:
+        for lang in LANGUAGES.values():
+            hosts = installer_policy(settings, lang).summary()
+            if needs_defaults(settings, lang):
+                hosts.append(f"the image's {lang.package_manager} defaults (public addresses)")
+            lines.append(f"{lang.name} installer: through the egress proxy to {', '.join(hosts) or 'no host'}")
+    allowed = ", ".join(settings.sandbox_session_allow_hosts)
+    lines.append(
+        f"sessions: network=[hosts] within {allowed} (SANDBOX_SESSION_ALLOW_HOSTS)"
+        if allowed and install_network == EGRESS_NETWORK
+        else "sessions: network=[hosts] refused (SANDBOX_SESSION_ALLOW_HOSTS unset, or this engine has no proxy)"
+    )
+    mode = settings.sandbox_session_network_mode
+    lines.append(
+        f"sessions: network=true gives network {mode!r} unfiltered (SANDBOX_SESSION_NETWORK_MODE)"
+        if mode
+        else "sessions: network=true refused (SANDBOX_SESSION_NETWORK_MODE unset)"
+    )
+    return lines
+
+
 class LibraryCache:
     """Library stores on one backend; each is installed at most once per server."""
 
@@ -67,7 +125,8 @@ class LibraryCache:
         return bool(specs) or lang.warm_cache
 
     def network(self) -> str:
-        """The installer's network: as configured, else what this engine offers installers."""
+        """The installer's network: as configured, else what this engine offers installers (on every engine
+        but Kubernetes: EGRESS_NETWORK, no network but the proxy)."""
         return self.settings.sandbox_install_network_mode or self.backend.install_network
 
     def key(self, lang: Language, specs: list[str]) -> str:
@@ -86,17 +145,33 @@ class LibraryCache:
                     self._touched[key] = now
                     await anyio.to_thread.run_sync(self.index.touch, self.backend.name, key)
                 return key
+            network = self.network()
             install_limits = replace(
                 self.limits,
-                network_mode=self.network(),
+                network_mode="none" if network == EGRESS_NETWORK else network,
                 memory_bytes=max(self.limits.memory_bytes, 2 * 1024**3),
                 tmp_bytes=max(self.limits.tmp_bytes, 2 * 1024**3),
                 pids=max(self.limits.pids, 512),
                 cpus=max(self.limits.cpus, 2.0),
             )
-            spec = SandboxSpec(self.settings.image_for(lang.name), install_limits, CacheMount(key, writable=True))
-            with self.budget.held(install_limits.memory_bytes, "a library installer"):
-                size = await self._install_in_sandbox(spec, lang, specs, key)
+            listener = (
+                await open_listener(installer_policy(self.settings, lang), f"the {lang.title} installer")
+                if (network == EGRESS_NETWORK)
+                else None
+            )
+            try:
+                spec = SandboxSpec(
+                    self.settings.image_for(lang.name),
+                    install_limits,
+                    CacheMount(key, writable=True),
+                    egress=str(listener.directory) if listener else None,
+                )
+                with self.budget.held(install_limits.memory_bytes, "a library installer"):
+                    size = await self._install_in_sandbox(spec, lang, specs, key, listener)
+            finally:
+                if listener is not None:
+                    with anyio.CancelScope(shield=True):
+                        await listener.aclose()
             entry = CacheEntry(self.backend.name, key, lang.name, tuple(specs), size, time.time())
             await anyio.to_thread.run_sync(self.index.record, entry)
             await self._evict(keep=key)
@@ -119,11 +194,18 @@ class LibraryCache:
             await anyio.to_thread.run_sync(self.index.forget, entry.engine, entry.key)
             self._ready.pop(entry.key, None)
 
-    async def _install_in_sandbox(self, spec: SandboxSpec, lang: Language, specs: list[str], key: str) -> int:
+    async def _install_in_sandbox(
+        self, spec: SandboxSpec, lang: Language, specs: list[str], key: str, listener: EgressListener | None
+    ) -> int:
         """Install (unless the store is complete already) and return the store's size in bytes."""
         try:
             ref = await self.backend.create(spec)
         except SandboxFailure as exc:
+            if spec.egress is not None:
+                raise InstallFailed(
+                    f"Could not start the library installer: {exc}. SANDBOX_INSTALL_NETWORK_MODE can give installers "
+                    "a network this engine has instead, unfiltered (the installer runs the packages' own code)"
+                ) from exc
             raise InstallFailed(
                 f"Could not start the library installer: {exc}. Its network is "
                 f"SANDBOX_INSTALL_NETWORK_MODE={spec.limits.network_mode!r}; set it to a network this engine "
@@ -131,7 +213,7 @@ class LibraryCache:
             ) from exc
         try:
             # Cancelled (the caller left): the installer is killed at once, and its half-written store dropped.
-            await stop_on_cancel(self.backend, ref, lambda: self._install(ref, lang, specs))
+            await stop_on_cancel(self.backend, ref, lambda: self._install(ref, lang, specs, listener))
             size = await self._size(ref)
             limit = self.settings.sandbox_cache_max_size
             if size > limit:
@@ -154,7 +236,9 @@ class LibraryCache:
         first = result.stdout.split(maxsplit=1)[0] if result.stdout.strip() else b""
         return int(first) * 1024 if first.isdigit() else 0
 
-    async def _install(self, ref: SandboxRef, lang: Language, specs: list[str]) -> None:
+    async def _install(
+        self, ref: SandboxRef, lang: Language, specs: list[str], listener: EgressListener | None
+    ) -> None:
         check = await self.backend.exec(ref, ["test", "-f", _COMPLETE], timeout=30)
         if check.exit_code == 0:
             return
@@ -162,15 +246,43 @@ class LibraryCache:
         timeout = self.settings.sandbox_install_timeout
         # A cache left half-written by an interrupted install is emptied first.
         await self.backend.exec(ref, ["find", str(LIBS_DIR), "-mindepth", "1", "-delete"], timeout=60)
-        result = await self.backend.exec(ref, lang.install_argv(specs), timeout=timeout, env=env, output_limit=65536)
+        relay = await self._egress(ref, lang, env, listener) if listener is not None else None
+        try:
+            result = await self.backend.exec(
+                ref, lang.install_argv(specs), timeout=timeout, env=env, output_limit=65536
+            )
+        finally:
+            if relay is not None:
+                await relay.aclose()
         if result.exit_code != 0 or result.timed_out:
             reason = f"timed out after {timeout:g} s (SANDBOX_INSTALL_TIMEOUT)" if result.timed_out else "failed"
             output = (_decode(result.stderr).strip() or _decode(result.stdout).strip())[-3000:]
             raise InstallFailed(
                 f"Installing {', '.join(specs)} with {lang.package_manager} {reason}. "
-                f"Check the names and versions. Installer output:\n{output}"
+                f"{_refusals(listener)}Check the names and versions. Installer output:\n{output}"
             )
         await self.backend.exec(ref, ["touch", _COMPLETE], timeout=30)
+
+    async def _egress(
+        self, ref: SandboxRef, lang: Language, env: dict[str, str], listener: EgressListener
+    ) -> SandboxProcess:
+        """The installer's way out: its registries allowed, the relay to the proxy started, `env` pointed at it."""
+        if needs_defaults(self.settings, lang):
+            defaults = await self._default_rules(ref, lang, env)
+            listener.policy = EgressPolicy.of([*listener.policy.rules, *defaults], INSTALL_SETTING)
+        try:
+            relay = await start_relay(self.backend, ref)
+        except SandboxFailure as exc:
+            raise InstallFailed(f"Could not start the library installer's network: {exc}") from exc
+        env.update(proxy_env())
+        return relay
+
+    async def _default_rules(self, ref: SandboxRef, lang: Language, env: dict[str, str]) -> list[HostRule]:
+        """The registries the image's toolchain uses where no setting names one (read before any package code
+        runs); they reach public addresses only."""
+        command = DEFAULT_REGISTRY_COMMANDS[lang.name]
+        found = await self.backend.exec(ref, ["sh", "-c", command], timeout=60, env=env, output_limit=16384)
+        return url_rules(_decode(found.stdout), explicit=False)
 
     async def _env(self, ref: SandboxRef, lang: Language) -> dict[str, str]:
         env = {**sandbox_env(lang, with_libraries=True), **install_env(lang, self.settings)}

@@ -66,7 +66,8 @@ class SessionInfo(BaseModel):
     calls: int
     memory_limit_bytes: int
     cpus: float
-    network: str
+    network: str = Field(description="none; egress (only allowed_hosts, through the server's proxy); or a network")
+    allowed_hosts: list[str] = Field(default_factory=lambda: [], description="Hosts the session may reach")
     workspace_bytes: int | None = Field(default=None, description="Bytes in /workspace now (list_sessions)")
     memory_bytes: int | None = Field(
         default=None, description="Memory the sandbox uses now, where the engine shows it (list_sessions)"

@@ -60,7 +60,12 @@ def register_session_tools(server: MCPServer[Any], state: AppState) -> None:
             float | None, Field(description="CPU limit, within the operator's maximum", ge=MIN_CPUS)
         ] = None,
         network: Annotated[
-            bool, Field(description="Ask for network access (refused unless the operator allows it)")
+            bool | Annotated[list[Annotated[str, Field(max_length=260)]], Field(max_length=50)],
+            Field(
+                description="Hosts the session may reach over HTTP(S) through the server's proxy, such as "
+                "['api.github.com', '*.example.org'] (within the operator's SANDBOX_SESSION_ALLOW_HOSTS, else "
+                "refused). false: no network. true: unrestricted network, refused unless the operator allows it",
+            ),
         ] = False,
         ctx: Context[AppState, Any] | None = None,
     ) -> SessionInfo:

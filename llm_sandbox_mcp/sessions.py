@@ -13,14 +13,18 @@ from dataclasses import dataclass, field, replace
 
 import anyio
 
+from llm_sandbox_mcp.backends import SandboxProcess
 from llm_sandbox_mcp.config import Settings, parse_size
-from llm_sandbox_mcp.errors import InvalidRequest, SandboxNotFound
+from llm_sandbox_mcp.egress import EgressListener, EgressPolicy, HostRule, open_listener
+from llm_sandbox_mcp.egress.relay import relay_alive, start_relay
+from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure, SandboxNotFound
 from llm_sandbox_mcp.executor import Cell, Executor, Lease, Program
 from llm_sandbox_mcp.languages import Language, get_language
-from llm_sandbox_mcp.models import MIN_CPUS, MIN_MEMORY, Execution, Limits, Live
+from llm_sandbox_mcp.models import EGRESS_NETWORK, MIN_CPUS, MIN_MEMORY, Execution, Limits, Live
 
 logger = logging.getLogger(__name__)
 
+SESSION_SETTING = "SANDBOX_SESSION_ALLOW_HOSTS"
 # Why recently closed sessions are gone, for the model that calls one again; older ones are forgotten.
 _REMEMBERED_CLOSES = 1024
 
@@ -56,6 +60,9 @@ class Session:
     last_used: float = field(default_factory=time.monotonic)
     cell: Cell = field(default_factory=Cell)
     lock: anyio.Lock = field(default_factory=anyio.Lock)
+    # The session's egress proxy and the relay to it in its sandbox, when it was given hosts.
+    egress: EgressListener | None = None
+    relay: SandboxProcess | None = None
 
     def describe(self) -> dict[str, object]:
         now = time.monotonic()
@@ -69,7 +76,8 @@ class Session:
             "calls": self.cell.number,
             "memory_limit_bytes": limits.memory_bytes,
             "cpus": limits.cpus,
-            "network": limits.network_mode,
+            "network": EGRESS_NETWORK if self.egress is not None else limits.network_mode,
+            "allowed_hosts": self.egress.policy.summary() if self.egress is not None else [],
         }
 
 
@@ -89,7 +97,7 @@ class SessionRegistry:
         libraries: list[str],
         memory: str | None = None,
         cpus: float | None = None,
-        network: bool = False,
+        network: bool | list[str] = False,
         live: Live | None = None,
     ) -> Session:
         lang = get_language(language)
@@ -99,16 +107,60 @@ class SessionRegistry:
                 f"The maximum of {self.settings.sandbox_max_sessions} sessions (SANDBOX_MAX_SESSIONS) is open; "
                 "close one with close_session (list_sessions shows them)"
             )
-        limits = self._limits(memory, cpus, network)
+        limits = self._limits(memory, cpus, network is True)
+        policy = self._egress(network) if isinstance(network, list) and network else None
+        session_id = f"s-{secrets.token_hex(8)}"
         self._creating += 1
+        listener = await open_listener(policy, f"session {session_id}") if policy is not None else None
         try:
-            lease = await self.executor.open(lang, specs, limits, live)
+            directory = str(listener.directory) if listener is not None else None
+            lease = await self.executor.open(lang, specs, limits, live, egress=directory)
+        except BaseException:
+            if listener is not None:
+                with anyio.CancelScope(shield=True):
+                    await listener.aclose()
+            raise
         finally:
             self._creating -= 1
-        session = Session(id=f"s-{secrets.token_hex(8)}", language=lang, libraries=specs, lease=lease)
+        session = Session(id=session_id, language=lang, libraries=specs, lease=lease, egress=listener)
         self._sessions[session.id] = session
         logger.info("Session %s (%s) created", session.id, lang.name)
         return session
+
+    def _egress(self, wanted: list[str]) -> EgressPolicy:
+        """The hosts a session asked for, each within SANDBOX_SESSION_ALLOW_HOSTS; explicit where the operator
+        named that very host (then reached wherever it resolves), else public addresses only."""
+        if self.executor.backend.install_network != EGRESS_NETWORK:
+            raise InvalidRequest(
+                f"Sessions on {self.executor.backend.name} cannot be given hosts: its sandboxes cannot reach the "
+                "server's egress proxy"
+            )
+        allowed = [HostRule.parse(entry, explicit=True) for entry in self.settings.sandbox_session_allow_hosts]
+        if not allowed:
+            raise InvalidRequest(
+                "This server lets sessions reach no hosts (the operator lists the hosts sessions may ask for in "
+                f"{SESSION_SETTING}); install packages with the `libraries` argument instead"
+            )
+        rules: list[HostRule] = []
+        for entry in wanted:
+            try:
+                rule = HostRule.parse(entry, explicit=False)
+            except ValueError as exc:
+                raise InvalidRequest(f"network: {exc}") from None
+            within = [
+                operator
+                for operator in allowed
+                if rule.ports <= operator.ports
+                and (operator.covers(rule.name) or (rule.wildcard and operator.wildcard and operator.name == rule.name))
+            ]
+            if not within:
+                raise InvalidRequest(
+                    f"network: {entry!r} is not within the hosts this server allows sessions ({SESSION_SETTING}: "
+                    f"{', '.join(rule.display() for rule in allowed)})"
+                )
+            explicit = not rule.wildcard and any(operator.explicit for operator in within)
+            rules.append(replace(rule, explicit=explicit))
+        return EgressPolicy.of(rules, SESSION_SETTING)
 
     def _limits(self, memory: str | None, cpus: float | None, network: bool) -> Limits:
         limits = self.executor.limits
@@ -174,9 +226,14 @@ class SessionRegistry:
         while len(self._why_gone) > _REMEMBERED_CLOSES:
             del self._why_gone[next(iter(self._why_gone))]
         try:
+            if session.relay is not None:
+                await session.relay.aclose()
             await self.executor.close(session.lease)
         except Exception:
             logger.exception("Could not remove the sandbox of session %s", session_id)
+        if session.egress is not None:
+            with anyio.CancelScope(shield=True):
+                await session.egress.aclose()
         logger.info("Session %s closed: %s", session_id, why)
 
     def prepare(self, session_id: str, code: str, libraries: list[str], timeout: float | None) -> Program:
@@ -208,11 +265,24 @@ class SessionRegistry:
             if session.id not in self._sessions:
                 raise self._gone(session.id)
             try:
+                await self._relay(session)
                 execution = await self.executor.run(session.lease, program, session.cell, live)
             finally:
                 session.last_used = time.monotonic()
         execution.session_id = session.id
         return execution
+
+    async def _relay(self, session: Session) -> None:
+        """Have the relay to the session's proxy running (a timeout's kill, or the code, may have ended it)."""
+        if session.egress is None or (session.relay is not None and await relay_alive(session.relay)):
+            return
+        if session.relay is not None:
+            await session.relay.aclose()
+            session.relay = None
+        try:
+            session.relay = await start_relay(self.executor.backend, session.lease.ref)
+        except SandboxFailure as exc:
+            logger.warning("Session %s has no egress relay: %s", session.id, exc)
 
     async def reap(self) -> int:
         """Close sessions past their idle TTL, and those past their maximum lifetime even mid-call; return how many."""

@@ -224,7 +224,7 @@ class AppState:
         libraries: list[str],
         memory: str | None,
         cpus: float | None,
-        network: bool,
+        network: bool | list[str],
         progress: Report | None = None,
     ) -> SessionInfo:
         sessions, live = self.sessions, Live()

@@ -208,6 +208,52 @@ async def test_an_engine_error_of_any_type_in_the_background_does_not_end_the_se
     assert not listed.is_error
 
 
+@pytest.mark.parametrize(
+    ("allowed", "wanted", "problem"),
+    [
+        ([], ["api.example.org"], "SANDBOX_SESSION_ALLOW_HOSTS"),
+        (["api.example.org"], ["other.example.org"], "not within the hosts this server allows sessions"),
+        (["api.example.org"], ["*.example.org"], "not within"),
+        (["api.example.org:8443"], ["api.example.org"], "not within"),
+        (["*.example.org"], ["not a host"], "network: not a host name"),
+    ],
+)
+async def test_session_hosts_must_be_within_the_operators_list(
+    allowed: list[str], wanted: list[str], problem: str
+) -> None:
+    backend = FakeBackend(handler=lambda call: ok())
+    backend.install_network = "egress"
+    settings = Settings(sandbox_pool_size=0, sandbox_session_allow_hosts=allowed)
+    async with Client(build_server(settings, backend)) as client:
+        result = await client.call_tool("create_session", {"language": "python", "network": wanted})
+    assert result.is_error and problem in _text(result)
+    assert backend.created == []
+
+
+async def test_session_hosts_are_explicit_only_where_the_operator_named_them() -> None:
+    backend = FakeBackend(handler=lambda call: ok())
+    backend.install_network = "egress"
+    settings = Settings(sandbox_session_allow_hosts=["mirror.corp", "*.example.org", "api.example.org:8443"])
+    async with Executor(settings, backend) as executor:
+        policy = SessionRegistry(settings, executor)._egress(  # pyright: ignore[reportPrivateUsage]
+            ["mirror.corp", "cdn.example.org", "*.eu.example.org", "api.example.org:8443"]
+        )
+    assert [(rule.display(), rule.explicit) for rule in policy.rules] == [
+        ("mirror.corp", True),
+        ("cdn.example.org", False),
+        ("*.eu.example.org", False),
+        ("api.example.org:8443", True),
+    ]
+
+
+async def test_sessions_on_an_engine_without_the_proxy_cannot_be_given_hosts() -> None:
+    backend = FakeBackend(handler=lambda call: ok())
+    settings = Settings(sandbox_pool_size=0, sandbox_session_allow_hosts=["api.example.org"])
+    async with Client(build_server(settings, backend)) as client:
+        result = await client.call_tool("create_session", {"language": "python", "network": ["api.example.org"]})
+    assert result.is_error and "cannot reach the server's egress proxy" in _text(result)
+
+
 async def test_the_record_of_closed_sessions_is_bounded_and_keeps_the_most_recent(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

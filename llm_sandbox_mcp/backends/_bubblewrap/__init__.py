@@ -56,6 +56,7 @@ from llm_sandbox_mcp.backends._container import OOM_SCORE_ADJ
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, SandboxFailure
 from llm_sandbox_mcp.models import (
+    EGRESS_NETWORK,
     WORKDIR,
     ExecResult,
     Limits,
@@ -136,7 +137,7 @@ class HostSandbox(Generic[J]):
     """
 
     name: str
-    install_network = "host"  # its only network besides none is the host's
+    install_network = EGRESS_NETWORK  # its own network namespace: loopback and the proxy socket only
 
     def __init__(self, jail_path: Path | None, probe_uid: int = 65534, probe_gid: int = 65534) -> None:
         self._configured = jail_path
@@ -202,8 +203,8 @@ class HostSandbox(Generic[J]):
         limits = spec.limits
         if limits.network_mode not in NETWORK_MODES:
             raise SandboxFailure(
-                f"Network mode {limits.network_mode!r} does not exist for BACKEND=bubblewrap: use 'none' (no network) "
-                "or 'host' (the host's network, for library installs: SANDBOX_INSTALL_NETWORK_MODE=host)"
+                f"Network mode {limits.network_mode!r} does not exist for BACKEND={self.name}: use 'none' (no network) "
+                "or 'host' (the host's own network namespace, an operator's explicit SANDBOX_INSTALL_NETWORK_MODE=host)"
             )
         sandbox_id = uuid.uuid4().hex
         cache_dir = await anyio.to_thread.run_sync(self._cache_dir, host, spec) if spec.cache else None

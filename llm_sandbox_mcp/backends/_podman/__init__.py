@@ -41,7 +41,15 @@ from llm_sandbox_mcp.backends._stream import SocketProcess, pump
 from llm_sandbox_mcp.backends._threaded import ThreadedBuilder
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure
-from llm_sandbox_mcp.models import ExecResult, HeadTail, OutputListener, SandboxRef, SandboxSpec, captures
+from llm_sandbox_mcp.models import (
+    EGRESS_NETWORK,
+    ExecResult,
+    HeadTail,
+    OutputListener,
+    SandboxRef,
+    SandboxSpec,
+    captures,
+)
 from llm_sandbox_mcp.seccomp import PROFILE_JSON
 
 logger = logging.getLogger(__name__)
@@ -72,7 +80,7 @@ class PodmanEngine:
     """Sandboxes as Podman containers, with the Docker backend's hardening, limits, labels and cache design."""
 
     name = "podman"
-    install_network = "bridge"
+    install_network = EGRESS_NETWORK  # network none; the egress proxy socket is the only way out
 
     def __init__(self, sockets: Sequence[Candidate]) -> None:
         self._sockets = list(sockets)

@@ -1,6 +1,7 @@
 """Local package registries for the ecosystems these machines cannot reach (Go module proxy, CRAN, RubyGems,
 Maven Central), each built in a temporary directory with one tiny package the tests create, and served over
-HTTP on 127.0.0.1 so that the install sandbox (host network in the tests) reaches them.
+HTTP on a loopback address, which the install sandbox reaches through the host network
+(SANDBOX_INSTALL_NETWORK_MODE=host) or through the egress proxy.
 
 Every package carries a per-session `token` in its version (or, for R, whose specs have no versions, in its
 name), so each test session really installs instead of finding an earlier session's cache.
@@ -11,11 +12,14 @@ Building the packages uses the host's own tools where the format needs them (`R 
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import io
 import json
 import shutil
 import subprocess
+import tarfile
 import threading
 import zipfile
 from collections.abc import Generator
@@ -31,13 +35,14 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 
 
 @contextmanager
-def serve(root: Path) -> Generator[str]:
-    """Serve `root` over HTTP on 127.0.0.1 from a thread; yields the base URL (no trailing slash)."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(root)))
+def serve(root: Path, address: str = "127.0.0.1", name: str | None = None) -> Generator[str]:
+    """Serve `root` over HTTP on `address` (a loopback address) from a thread; yields the base URL (no trailing
+    slash), naming the server `name` when given (a name that resolves to `address` on the host)."""
+    server = ThreadingHTTPServer((address, 0), functools.partial(_QuietHandler, directory=str(root)))
     thread = threading.Thread(target=server.serve_forever, name="local-registry", daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"http://{name or address}:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
@@ -64,6 +69,59 @@ class Package:
     spec: str
     code: str
     expected: str
+
+
+def pip_index(root: Path, token: str, files_url: str = "../../files") -> Package:
+    """A PEP 503 simple index holding one pure-Python wheel, greet-egress; its link points at `files_url`
+    (another server, to model a mirror whose downloads come from a second host)."""
+    version = f"1.0.{token}"
+    wheel = f"greet_egress-{version}-py3-none-any.whl"
+    info = f"greet_egress-{version}.dist-info"
+    files = {
+        "greet_egress/__init__.py": 'def hello(name):\n    return "hello, " + name\n',
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: greet-egress\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    (root / "files").mkdir(parents=True)
+    with zipfile.ZipFile(root / "files" / wheel, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    page = root / "simple" / "greet-egress"
+    page.mkdir(parents=True)
+    (page / "index.html").write_text(f'<html><body><a href="{files_url}/{wheel}">{wheel}</a></body></html>\n')
+    code = "from greet_egress import hello\nprint(hello('pythonista'))\n"
+    return Package(f"greet-egress=={version}", code, "hello, pythonista\n")
+
+
+def npm_registry(root: Path, token: str, url: str) -> Package:
+    """An npm registry (the packument as a directory index, so `GET url/greet-egress` finds it after the
+    server's redirect) holding one CommonJS package whose tarball is served from `url`."""
+    name, version = "greet-egress", f"1.0.{token}"
+    tarball = io.BytesIO()
+    with tarfile.open(fileobj=tarball, mode="w:gz") as archive:
+        for member, text in {
+            "package/package.json": json.dumps({"name": name, "version": version, "main": "index.js"}),
+            "package/index.js": 'exports.hello = (name) => "hello, " + name;\n',
+        }.items():
+            data = text.encode()
+            info = tarfile.TarInfo(member)
+            info.size, info.mode = len(data), 0o644
+            archive.addfile(info, io.BytesIO(data))
+    data = tarball.getvalue()
+    file = f"{name}-{version}.tgz"
+    (root / name / "-").mkdir(parents=True)
+    (root / name / "-" / file).write_bytes(data)
+    integrity = "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
+    dist = {"tarball": f"{url}/{name}/-/{file}", "shasum": hashlib.sha1(data).hexdigest(), "integrity": integrity}
+    packument = {
+        "name": name,
+        "dist-tags": {"latest": version},
+        "versions": {version: {"name": name, "version": version, "main": "index.js", "dist": dist}},
+    }
+    (root / name / "index.html").write_text(json.dumps(packument))
+    code = "const { hello } = require('greet-egress');\nconsole.log(hello('node'));\n"
+    return Package(f"{name}@{version}", code, "hello, node\n")
 
 
 def go_proxy(root: Path, token: str) -> Package:
@@ -205,4 +263,4 @@ def _publish(root: Path, artifact: str, version: str, jar: bytes | None, pom: st
         (directory / f"{artifact}-{version}.jar").write_bytes(jar)
 
 
-__all__ = ["Package", "cran_repo", "gem_source", "go_proxy", "maven_repo", "serve"]
+__all__ = ["Package", "cran_repo", "gem_source", "go_proxy", "maven_repo", "npm_registry", "pip_index", "serve"]

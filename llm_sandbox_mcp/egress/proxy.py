@@ -1,0 +1,238 @@
+"""The proxy: one asyncio UNIX-socket listener per sandbox, serving that sandbox's policy.
+
+Bounded everywhere: connections per sandbox, the request head's size, the time to send it, to resolve and to
+connect, and idle tunnels. No exception escapes a connection's handler: anything unexpected closes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llm_sandbox_mcp.egress.policy import EgressPolicy, HostRule, Refusal, ip_literal
+from llm_sandbox_mcp.egress.request import MAX_HEAD, BadRequest, Request, parse_head
+from llm_sandbox_mcp.egress.upstream import Upstream, upstream_for
+
+logger = logging.getLogger(__name__)
+
+SOCKET_NAME = "proxy.sock"
+MAX_CONNECTIONS = 64
+HEAD_SECONDS = 30.0
+RESOLVE_SECONDS = 15.0
+CONNECT_SECONDS = 20.0
+IDLE_SECONDS = 300.0
+_CHUNK = 64 * 1024
+_MAX_REFUSALS = 20
+# A sandbox that floods the proxy must not flood the server's log.
+MAX_LOGGED_REFUSALS = 200
+
+
+@dataclass
+class EgressListener:
+    """A sandbox's proxy: its socket (in a directory of its own, mounted into the sandbox) and what it refused."""
+
+    policy: EgressPolicy
+    label: str
+    directory: Path
+    refused: list[Refusal] = field(default_factory=lambda: [])
+    connections: int = 0
+    refusals: int = 0
+    _server: asyncio.AbstractServer | None = None
+    _tasks: set[asyncio.Task[None]] = field(default_factory=lambda: set())
+
+    @property
+    def socket_path(self) -> Path:
+        return self.directory / SOCKET_NAME
+
+    async def aclose(self) -> None:
+        """Stop listening, end every connection, remove the socket. Idempotent."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _refuse(self, refusal: Refusal) -> None:
+        self.refusals += 1
+        if self.refusals <= MAX_LOGGED_REFUSALS:
+            logger.warning("Egress refused for %s: %s", self.label, refusal.message(self.policy.setting))
+        if self.refusals == MAX_LOGGED_REFUSALS:
+            logger.warning("Egress: further refusals for %s are not logged", self.label)
+        if len(self.refused) < _MAX_REFUSALS and refusal not in self.refused:
+            self.refused.append(refusal)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        self.connections += 1
+        try:
+            if self.connections > MAX_CONNECTIONS:
+                await _answer(writer, 503, "too many connections through this sandbox's proxy")
+                return
+            await self._handle(reader, writer)
+        except asyncio.CancelledError:
+            pass  # only `aclose` cancels; a cancelled callback task would be reported by asyncio as an error
+        except Exception as exc:  # hostile input must never end anything but its own connection
+            logger.debug("Egress connection for %s ended: %r", self.label, exc)
+        finally:
+            self.connections -= 1
+            if task is not None:
+                self._tasks.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_SECONDS)
+            request = parse_head(head)
+        except (asyncio.IncompleteReadError, asyncio.TimeoutError):
+            return
+        except (asyncio.LimitOverrunError, BadRequest) as exc:
+            await _answer(writer, 400, str(exc) if isinstance(exc, BadRequest) else "request head too large")
+            return
+        rule = self.policy.match(request.host, request.port)
+        if isinstance(rule, Refusal):
+            self._refuse(rule)
+            await _answer(writer, 403, rule.message(self.policy.setting))
+            return
+        upstream = upstream_for(request)
+        if upstream is not None:
+            streams = await self._through_upstream(upstream, request, writer)
+        else:
+            streams = await self._direct(rule, request, writer)
+        if streams is None:
+            return
+        far_reader, far_writer = streams
+        try:
+            if request.tunnel:
+                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            elif upstream is None:
+                far_writer.write(request.head)
+            await _splice(reader, writer, far_reader, far_writer)
+        finally:
+            far_writer.close()
+            with contextlib.suppress(Exception):
+                await far_writer.wait_closed()
+
+    async def _direct(
+        self, rule: HostRule, request: Request, writer: asyncio.StreamWriter
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """Resolve here (the sandbox has no DNS), keep the addresses the policy allows, connect to one."""
+        literal = ip_literal(request.host)
+        if literal is not None:
+            found = [literal]
+        else:
+            try:
+                resolving = asyncio.get_running_loop().getaddrinfo(request.host, request.port, type=socket.SOCK_STREAM)
+                infos = await asyncio.wait_for(resolving, RESOLVE_SECONDS)
+            except (OSError, asyncio.TimeoutError):
+                infos = []
+            found = [address for address in (ip_literal(str(info[4][0])) for info in infos) if address is not None]
+        addresses = self.policy.addresses(rule, request.host, request.port, found)
+        if isinstance(addresses, Refusal):
+            self._refuse(addresses)
+            await _answer(writer, 403, addresses.message(self.policy.setting))
+            return None
+        for address in addresses:
+            try:
+                connecting = asyncio.open_connection(str(address), request.port, limit=_CHUNK)
+                return await asyncio.wait_for(connecting, CONNECT_SECONDS)
+            except (OSError, asyncio.TimeoutError):
+                continue
+        await _answer(writer, 502, f"could not connect to {request.host}:{request.port}")
+        return None
+
+    async def _through_upstream(
+        self, upstream: Upstream, request: Request, writer: asyncio.StreamWriter
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """The server's own proxy (HTTPS_PROXY/HTTP_PROXY) resolves and connects; the name check was ours."""
+        try:
+            connecting = asyncio.open_connection(upstream.host, upstream.port, limit=MAX_HEAD)
+            far_reader, far_writer = await asyncio.wait_for(connecting, CONNECT_SECONDS)
+        except (OSError, asyncio.TimeoutError):
+            await _answer(writer, 502, f"could not reach the upstream proxy for {request.host}:{request.port}")
+            return None
+        if not request.tunnel:
+            far_writer.write(upstream.with_credentials(request.absolute_head))
+            return far_reader, far_writer
+        far_writer.write(upstream.connect_head(request.host, request.port))
+        try:
+            answer = await asyncio.wait_for(far_reader.readuntil(b"\r\n\r\n"), CONNECT_SECONDS)
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            answer = b""
+        if answer.split(b" ", 2)[1:2] != [b"200"]:
+            far_writer.close()
+            await _answer(writer, 502, f"the upstream proxy did not open {request.host}:{request.port}")
+            return None
+        return far_reader, far_writer
+
+
+async def _answer(writer: asyncio.StreamWriter, status: int, text: str) -> None:
+    reasons = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway", 503: "Service Unavailable"}
+    body = f"llm-sandbox-mcp egress proxy: {text}\n".encode()
+    writer.write(
+        f"HTTP/1.1 {status} {reasons[status]}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n".encode()
+        + body
+    )
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(writer.drain(), 5)
+
+
+async def _splice(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    far_reader: asyncio.StreamReader,
+    far_writer: asyncio.StreamWriter,
+) -> None:
+    """Copy both ways until both sides are done, or nothing moved for IDLE_SECONDS."""
+    loop = asyncio.get_running_loop()
+    last = [loop.time()]
+
+    async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        while data := await source.read(_CHUNK):
+            last[0] = loop.time()
+            sink.write(data)
+            await sink.drain()
+        if sink.can_write_eof():
+            with contextlib.suppress(OSError):
+                sink.write_eof()
+
+    pipes = [asyncio.ensure_future(pipe(reader, far_writer)), asyncio.ensure_future(pipe(far_reader, writer))]
+    try:
+        while not all(task.done() for task in pipes):
+            await asyncio.wait(pipes, timeout=min(IDLE_SECONDS, 10.0), return_when=asyncio.FIRST_EXCEPTION)
+            if any(task.done() and task.exception() for task in pipes) or loop.time() - last[0] > IDLE_SECONDS:
+                break
+    finally:
+        for task in pipes:
+            task.cancel()
+        await asyncio.gather(*pipes, return_exceptions=True)
+
+
+async def open_listener(policy: EgressPolicy, label: str) -> EgressListener:
+    """Listen for one sandbox on a new socket; the caller mounts `directory` into it and closes the listener."""
+    directory = Path(tempfile.mkdtemp(prefix="llm-sandbox-egress-"))
+    # The sandbox user (any uid) reaches the socket: traversal only on the directory, connect on the socket.
+    os.chmod(directory, 0o711)
+    listener = EgressListener(policy, label, directory)
+    try:
+        server = await asyncio.start_unix_server(listener._serve, path=str(listener.socket_path), limit=MAX_HEAD)  # pyright: ignore[reportPrivateUsage]
+        os.chmod(listener.socket_path, 0o666)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    listener._server = server  # pyright: ignore[reportPrivateUsage]
+    return listener

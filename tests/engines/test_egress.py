@@ -1,0 +1,194 @@
+"""Library installs through the egress proxy (SANDBOX_INSTALL_NETWORK_MODE unset), from local registries on
+this machine's loopback, named as an operator would configure them; and the install error when the proxy
+refused a host the installer needed."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import tempfile
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import pytest
+
+from llm_sandbox_mcp.backends import load_backend
+from llm_sandbox_mcp.errors import InstallFailed
+from llm_sandbox_mcp.executor import Executor
+from llm_sandbox_mcp.sessions import SessionRegistry
+from tests.engines.conftest import engine_settings, require
+from tests.support.egress import loopback_name
+from tests.support.registries import (
+    Package,
+    cran_repo,
+    gem_source,
+    go_proxy,
+    maven_repo,
+    npm_registry,
+    pip_index,
+    serve,
+)
+
+pytestmark = pytest.mark.anyio
+
+# The client-side proxy support differs per package manager, so every language is installed on one engine;
+# the engine's part (network none, the socket mount, the relay) is the same for every language, so the other
+# engines install one.
+CASES = [
+    pytest.param("docker", language, marks=pytest.mark.docker, id=f"docker-{language}")
+    for language in ("python", "javascript", "go", "ruby", "java", "r")
+] + [
+    pytest.param(engine, "python", marks=getattr(pytest.mark, engine), id=f"{engine}-python")
+    for engine in ("podman", "bubblewrap", "nsjail")
+]
+
+
+@dataclass(frozen=True)
+class Registries:
+    settings: dict[str, str]
+    packages: dict[str, Package]
+    # A pip mirror whose index is configured, but whose wheels are served from another host.
+    mirror_index: str
+    mirror_package: Package
+    mirror_files: str
+
+
+@pytest.fixture(scope="module")
+def registries() -> Iterator[Registries]:
+    """npm, Go, Ruby, Java and R registries under the host's own name (Go, Ruby and Java skip their proxy for
+    127.0.0.1 and localhost); pip's on 127.0.0.1, the only plain-HTTP host pip trusts."""
+    name, address = loopback_name()
+    token = str(secrets.randbelow(10**9))
+    with tempfile.TemporaryDirectory(prefix="llm-sandbox-egress-registries-") as tmp:
+        root = Path(tmp)
+        packages: dict[str, Package] = {}
+        for language, directory, build in (
+            ("go", "go", go_proxy),
+            ("ruby", "gems", gem_source),
+            ("java", "maven", maven_repo),
+            ("r", "cran", cran_repo),
+        ):
+            (root / directory).mkdir()
+            packages[language] = build(root / directory, token)
+        packages["python"] = pip_index(root / "pip", token)
+        (root / "npm").mkdir()
+        (root / "mirror").mkdir()
+        with (
+            serve(root, address, name) as named,
+            serve(root / "pip") as pip,
+            serve(root / "mirror") as mirror,
+            serve(root / "mirror") as mirror_files,
+        ):
+            packages["javascript"] = npm_registry(root / "npm", token, f"{named}/npm")
+            yield Registries(
+                settings={
+                    "sandbox_pip_index_url": f"{pip}/simple",
+                    "sandbox_npm_registry": f"{named}/npm",
+                    "sandbox_goproxy": f"{named}/go",
+                    "sandbox_gosumdb": "off",
+                    "sandbox_gem_source": f"{named}/gems",
+                    "sandbox_maven_repo": f"{named}/maven",
+                    "sandbox_cran_repo": f"{named}/cran/",
+                },
+                packages=packages,
+                mirror_index=f"{mirror}/simple",
+                mirror_package=pip_index(root / "mirror", token + "0", files_url=f"{mirror_files}/files"),
+                mirror_files=mirror_files.removeprefix("http://"),
+            )
+
+
+@asynccontextmanager
+async def _executor(
+    request: pytest.FixtureRequest, engine: str, specs: set[str], **settings: object
+) -> AsyncGenerator[Executor]:
+    """An executor whose installers go through the egress proxy; the stores of `specs` are dropped after."""
+    await require(request, engine)
+    configured = engine_settings(engine, sandbox_install_network_mode=None, **settings)
+    backend = load_backend(engine, configured)
+    try:
+        async with Executor(configured, backend) as executor:
+            yield executor
+        for entry in await anyio.to_thread.run_sync(executor.libraries.index.entries, backend.name):
+            if specs.intersection(entry.libraries):
+                await backend.drop_cache(entry.key)
+    finally:
+        await backend.aclose()
+
+
+@pytest.fixture
+async def proxied(request: pytest.FixtureRequest, registries: Registries) -> AsyncIterator[Executor]:
+    specs = {package.spec for package in registries.packages.values()}
+    async with _executor(request, request.param, specs, **registries.settings) as executor:
+        yield executor
+
+
+@pytest.mark.parametrize(("proxied", "language"), CASES, indirect=["proxied"])
+async def test_a_library_installs_through_the_proxy(proxied: Executor, registries: Registries, language: str) -> None:
+    assert proxied.libraries.network() == "egress"
+    package = registries.packages[language]
+    result = await proxied.execute(package.code, language, libraries=[package.spec], timeout=180)  # type: ignore[arg-type]
+    assert (result.exit_code, result.stdout) == (0, package.expected), result.stderr
+
+
+@pytest.mark.docker
+async def test_a_refused_host_is_named_in_the_install_error_with_the_setting(
+    request: pytest.FixtureRequest, registries: Registries
+) -> None:
+    """The mirror's index is configured, so allowed; the wheel it links lives on a host nothing allows."""
+    mirror = registries.mirror_index
+    async with _executor(request, "docker", set(), sandbox_pip_index_url=mirror) as executor:
+        with pytest.raises(InstallFailed) as failure:
+            await executor.execute("print(1)", "python", libraries=[registries.mirror_package.spec], timeout=120)
+        message = str(failure.value)
+        assert f"{registries.mirror_files} was refused" in message, message
+        assert "SANDBOX_INSTALL_ALLOW_HOSTS can allow it" in message
+
+
+# A session's cell fetching through the proxy, as any client honouring HTTP_PROXY does.
+FETCH = """
+import urllib.request, urllib.error
+def fetch(url):
+    try:
+        return urllib.request.urlopen(url, timeout=20).status
+    except urllib.error.HTTPError as e:
+        return e.code
+print(fetch({allowed!r}), fetch({unlisted!r}))
+"""
+KILL_RELAY = """
+import os, signal
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        if b"perl" in open(f"/proc/{pid}/cmdline", "rb").read():
+            os.kill(int(pid), signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+@pytest.mark.parametrize(
+    "engine", [pytest.param(e, marks=getattr(pytest.mark, e)) for e in ("docker", "bubblewrap", "nsjail")]
+)
+async def test_a_session_reaches_its_hosts_and_nothing_else(
+    request: pytest.FixtureRequest, registries: Registries, engine: str
+) -> None:
+    name, _ = loopback_name()
+    named = registries.settings["sandbox_goproxy"].removesuffix("/go")
+    port = named.rsplit(":", 1)[1]
+    pip = registries.settings["sandbox_pip_index_url"]
+    async with _executor(request, engine, set(), sandbox_session_allow_hosts=[f"{name}:{port}", "*.test"]) as executor:
+        sessions = SessionRegistry(executor.settings, executor)
+        try:
+            session = await sessions.create("python", [], network=[f"{name}:{port}"])
+            assert session.describe()["allowed_hosts"] == [f"{name}:{port}"]
+            code = FETCH.format(allowed=f"{named}/go/example.com/greet/@v/list", unlisted=pip)
+            first = await sessions.execute(session.id, code, [], 60)
+            # Code that kills the relay cuts only itself off, until the next cell, which has it again.
+            killed = await sessions.execute(session.id, KILL_RELAY + code, [], 60)
+            again = await sessions.execute(session.id, code, [], 60)
+        finally:
+            await sessions.aclose()
+    assert first.stdout == again.stdout == "200 403\n", (first.stderr, again.stderr)
+    assert killed.exit_code != 0 and re.search("Connection (refused|reset)", killed.stderr), killed.stderr

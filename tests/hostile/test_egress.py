@@ -1,0 +1,196 @@
+"""Egress: from a sandbox that may reach the network through the proxy (as a library installer or a session
+with an allowlist does), only the allowed host is reachable; everything else is refused by the proxy before
+it connects anywhere, or has no route at all. Every address involved is on this machine; the private and
+metadata addresses are refused before any connection is tried (every connect of this process is recorded).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import secrets
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from llm_sandbox_mcp.egress import EgressListener, EgressPolicy, HostRule, open_listener
+from llm_sandbox_mcp.egress.relay import RELAY_PORT, proxy_env, start_relay
+from llm_sandbox_mcp.models import Limits, SandboxRef, SandboxSpec
+from tests.engines.conftest import RecordingBackend, engine_settings
+from tests.support.connects import recorded
+from tests.support.egress import PRIVATE_ADDRESS, loopback_name, private_name
+
+pytestmark = pytest.mark.anyio
+
+# Runs in the sandbox: each case through the proxy (a request head, the status line back) or direct.
+PROBE = r"""
+import json, socket, sys
+port, cases = int(sys.argv[1]), json.loads(sys.argv[2])
+def proxied(head):
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+        s.sendall(head.encode())
+        data = b""
+        while b"\r\n" not in data:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        return data.split(b"\r\n")[0].decode(errors="replace")
+def direct(host, port):
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+        return "connected"
+    except OSError as e:
+        return type(e).__name__
+def resolve(name):
+    try:
+        return str(socket.getaddrinfo(name, 80))
+    except OSError as e:
+        return type(e).__name__
+def abstract(name):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect("\0" + name)
+        return "connected"
+    except OSError as e:
+        return type(e).__name__
+out = {}
+for key, (kind, *args) in cases.items():
+    out[key] = {"proxied": proxied, "direct": direct, "resolve": resolve, "abstract": abstract}[kind](*args)
+out["interfaces"] = [name for _, name in socket.if_nameindex()]
+print(json.dumps(out))
+"""
+
+
+class _Counting(BaseHTTPRequestHandler):
+    hits: list[str]
+
+    def do_GET(self) -> None:
+        self.hits.append(self.path)
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@dataclass
+class Server:
+    port: int
+    hits: list[str]
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[tuple[Server, Server]]:
+    """Two HTTP servers on the host's loopback name: the allowed one and one not on the list."""
+    _, address = loopback_name()
+    started: list[tuple[ThreadingHTTPServer, Server]] = []
+    for _ in range(2):
+        hits: list[str] = []
+        handler = type("Handler", (_Counting,), {"hits": hits})
+        server = ThreadingHTTPServer((address, 0), handler)
+        started.append((server, Server(server.server_address[1], hits)))
+
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s, _ in started]
+    for thread in threads:
+        thread.start()
+    try:
+        yield started[0][1], started[1][1]
+    finally:
+        for server, _ in started:
+            server.shutdown()
+            server.server_close()
+
+
+@pytest.fixture
+async def egress_sandbox(
+    backend: RecordingBackend, engine: str, servers: tuple[Server, Server]
+) -> AsyncIterator[tuple[RecordingBackend, EgressListener, SandboxRef]]:
+    if engine == "kubernetes":
+        pytest.skip("Kubernetes sandboxes do not reach the egress proxy (see README, Egress)")
+    name, _ = loopback_name()
+    allowed, _ = servers
+    rules = [HostRule.parse(f"{name}:{allowed.port}", explicit=True), HostRule.parse("*.test:443", explicit=False)]
+    listener = await open_listener(EgressPolicy.of(rules, "SANDBOX_TEST_HOSTS"), "a hostile sandbox")
+    settings = engine_settings(engine)
+    spec = SandboxSpec(
+        settings.image_for("python"), replace(Limits(), network_mode="none"), egress=str(listener.directory)
+    )
+    try:
+        ref = await backend.create(spec)
+        try:
+            relay = await start_relay(backend, ref)
+            try:
+                yield backend, listener, ref
+            finally:
+                await relay.aclose()
+        finally:
+            await backend.destroy(ref)
+    finally:
+        await listener.aclose()
+
+
+async def test_only_the_allowed_host_is_reachable(
+    egress_sandbox: tuple[RecordingBackend, EgressListener, SandboxRef], servers: tuple[Server, Server]
+) -> None:
+    backend, listener, ref = egress_sandbox
+    name, _ = loopback_name()
+    allowed, unlisted = servers
+    allowed.hits.clear()
+    unlisted.hits.clear()
+    token = secrets.token_hex(8)
+    abstract = socket.socket(socket.AF_UNIX)
+    abstract.bind(f"\0llm-sandbox-egress-{token}")
+    abstract.listen(4)
+    abstract.setblocking(False)
+    cases: dict[str, list[str | int]] = {
+        "allowed": ["proxied", f"GET http://{name}:{allowed.port}/allowed HTTP/1.1\r\n\r\n"],
+        "allowed_tunnel": ["proxied", f"CONNECT {name}:{allowed.port} HTTP/1.1\r\n\r\n"],
+        "unlisted_port": ["proxied", f"GET http://{name}:{unlisted.port}/unlisted HTTP/1.1\r\n\r\n"],
+        "unlisted_by_name": ["proxied", f"GET http://localhost:{unlisted.port}/unlisted HTTP/1.1\r\n\r\n"],
+        "host_by_ip": ["proxied", f"GET http://127.0.0.1:{allowed.port}/by-ip HTTP/1.1\r\n\r\n"],
+        "host_by_name": ["proxied", f"CONNECT localhost:{allowed.port} HTTP/1.1\r\n\r\n"],
+        "ip_literal": ["proxied", f"CONNECT {PRIVATE_ADDRESS}:443 HTTP/1.1\r\n\r\n"],
+        "metadata": ["proxied", "GET http://169.254.169.254/latest/meta-data/ HTTP/1.1\r\n\r\n"],
+        "metadata_tunnel": ["proxied", "CONNECT 169.254.169.254:80 HTTP/1.1\r\n\r\n"],
+        "private_name": ["proxied", "set below"],
+        "direct_host_service": ["direct", "127.0.0.1", allowed.port],
+        "direct_private": ["direct", PRIVATE_ADDRESS, 80],
+        "direct_metadata": ["direct", "169.254.169.254", 80],
+        "dns": ["resolve", "llm-sandbox-egress-probe.invalid"],
+        "abstract_socket": ["abstract", f"llm-sandbox-egress-{token}"],
+    }
+    try:
+        with private_name() as private, recorded() as connects:
+            cases["private_name"][1] = f"CONNECT {private}:443 HTTP/1.1\r\n\r\n"
+            result = await backend.exec(
+                ref, ["python3", "-c", PROBE, str(RELAY_PORT), json.dumps(cases)], timeout=120, env=proxy_env()
+            )
+        with pytest.raises(BlockingIOError):
+            abstract.accept()
+    finally:
+        abstract.close()
+    assert result.exit_code == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["allowed"] == "HTTP/1.0 200 OK" and seen["allowed_tunnel"].startswith("HTTP/1.1 200")
+    for case in ("unlisted_port", "unlisted_by_name", "host_by_ip", "host_by_name", "ip_literal", "metadata",
+                 "metadata_tunnel", "private_name"):  # fmt: skip
+        assert seen[case] == "HTTP/1.1 403 Forbidden", case
+    assert seen["direct_host_service"] == "ConnectionRefusedError"  # the sandbox's own loopback: nothing there
+    assert seen["direct_private"] == seen["direct_metadata"] == "OSError"  # no route
+    assert seen["dns"] == "gaierror"  # no DNS: the proxy resolves
+    assert seen["abstract_socket"] == "ConnectionRefusedError"
+    assert seen["interfaces"] == ["lo"]
+    assert allowed.hits == ["/allowed"] and unlisted.hits == []
+    addresses = [str(a[0]) for a in connects if isinstance(a, tuple)]  # pyright: ignore[reportUnknownArgumentType]
+    outside = [address for address in addresses if not ipaddress.ip_address(address).is_loopback]
+    assert outside == [], "the proxy tried an address it refused"
+    reasons = {refusal.host: refusal.reason for refusal in listener.refused}
+    assert "non-public address (10.255.255.1)" in reasons[private]
+    assert set(reasons) >= {name, "localhost", "127.0.0.1", PRIVATE_ADDRESS, "169.254.169.254", private}
