@@ -18,7 +18,7 @@ from llm_sandbox_mcp.backends import Backend, stop_on_cancel
 from llm_sandbox_mcp.budget import MemoryBudget
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import InvalidRequest
-from llm_sandbox_mcp.kernel import Kernel
+from llm_sandbox_mcp.kernel import Kernel, KernelDied
 from llm_sandbox_mcp.languages import COMPILE_FAILED_MARKER, Language, get_language, sandbox_env
 from llm_sandbox_mcp.libraries import LibraryCache
 from llm_sandbox_mcp.models import (
@@ -75,13 +75,15 @@ class WarmKey:
 
 @dataclass
 class Lease:
-    """A sandbox ready for runs, with its warm interpreter when the language has one."""
+    """A sandbox ready for runs, with its warm interpreter or runner when the language has one."""
 
     ref: SandboxRef
     language: Language
     kernel: Kernel | None = None
     # What this sandbox holds of the server's memory budget.
     charged: int = 0
+    # From the pool, used by exactly one run and destroyed afterwards (not a session's).
+    one_shot: bool = True
 
 
 def _decode(data: bytes) -> str:
@@ -101,6 +103,8 @@ class Executor:
         self.budget = MemoryBudget(settings.memory_budget())
         self.libraries = LibraryCache(settings, backend, self.limits, self.budget)
         self.pool: Pool[WarmKey, Lease] = Pool(self._make_lease, self._dispose_lease, settings.sandbox_pool_size)
+        # Sandbox kinds whose image could not start the warm runner (no perl, say): they run one exec per call.
+        self._cold: set[WarmKey] = set()
         self.limiter = anyio.CapacityLimiter(settings.sandbox_max_concurrency)
 
     async def __aenter__(self) -> Executor:
@@ -180,7 +184,7 @@ class Executor:
         spec = await self._spec(lang, libraries, limits, live)
         if live is not None:
             live.phase = "starting the sandbox"
-        return await self._make_lease(WarmKey(lang.name, spec), False)
+        return await self._make_lease(WarmKey(lang.name, spec), False, one_shot=False)
 
     async def close(self, lease: Lease) -> None:
         with anyio.CancelScope(shield=True):
@@ -204,8 +208,9 @@ class Executor:
             if await self._revive(lease):
                 notes.append("[the interpreter had been lost and was restarted: earlier variables are gone]\n")
         live.phase = f"running {lang.name}" + (f" (cell {cell.number})" if cell is not None else "")
-        if lease.kernel is not None:
-            result = await lease.kernel.run(
+        kernel = lease.kernel
+        if kernel is not None:
+            result = await kernel.run(
                 _decode(program.source),
                 mode="fork" if cell is None else "inline",
                 echo=cell is not None,
@@ -215,6 +220,10 @@ class Executor:
                 artifact_limit=self.settings.sandbox_artifact_limit,
                 live=live,
             )
+            if kernel.collect_outside and cell is None:
+                # The runner could not collect with nothing of the program left running; the kernel has killed
+                # everything from outside since, so the files are read from outside.
+                result.artifacts = await self._collect_outputs(lease.ref)
         else:
             ref = lease.ref
             result = await stop_on_cancel(
@@ -252,16 +261,19 @@ class Executor:
         text = (result.stdout or result.stderr).decode("utf-8", errors="replace").strip()
         return text.splitlines()[0] if text else "unknown"
 
-    async def _make_lease(self, key: WarmKey, ahead: bool) -> Lease:
+    async def _make_lease(self, key: WarmKey, ahead: bool, one_shot: bool = True) -> Lease:
         charge = key.spec.limits.memory_bytes
         self.budget.reserve(charge, "a warm sandbox" if ahead else "a sandbox")
         try:
-            lease = Lease(await self.backend.create(key.spec), get_language(key.language), charged=charge)
+            ref = await self.backend.create(key.spec)
         except BaseException:
             self.budget.release(charge)
             raise
+        lease = Lease(ref, get_language(key.language), charged=charge, one_shot=one_shot)
         try:
             await self._start_kernel(lease, preload=ahead)
+            if one_shot and lease.kernel is None:
+                await self._start_runner(key, lease)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._dispose_lease(lease)
@@ -272,6 +284,19 @@ class Executor:
         if lease.language.kernel:
             env = sandbox_env(lease.language, with_libraries=lease.ref.spec.cache is not None)
             lease.kernel = await Kernel.start(self.backend, lease.ref, env, preload=preload)
+
+    async def _start_runner(self, key: WarmKey, lease: Lease) -> None:
+        """The language's runtime started ahead, waiting for the program; a sandbox that cannot runs cold."""
+        warm_argv = lease.language.warm_argv
+        if warm_argv is None or key in self._cold:
+            return
+        env = sandbox_env(lease.language, with_libraries=lease.ref.spec.cache is not None)
+        try:
+            lease.kernel = await Kernel.supervise(self.backend, lease.ref, warm_argv(), env)
+        except KernelDied as exc:
+            logger.warning("%s sandboxes run without a warm runner: %s", lease.language.title, exc)
+            self._cold.add(key)
+            await self.backend.kill_all(lease.ref)
 
     async def _revive(self, lease: Lease) -> bool:
         """Start a new interpreter where the last one was lost; True when that happened."""
