@@ -102,7 +102,14 @@ class Executor:
         self.limits = settings.limits()
         self.budget = MemoryBudget(settings.memory_budget())
         self.libraries = LibraryCache(settings, backend, self.limits, self.budget)
-        self.pool: Pool[WarmKey, Lease] = Pool(self._make_lease, self._dispose_lease, settings.sandbox_pool_size)
+        self.pool: Pool[WarmKey, Lease] = Pool(
+            self._make_lease,
+            self._dispose_lease,
+            settings.sandbox_pool_size,
+            # Under load a key keeps up to one ready sandbox per call that may run at once.
+            max_size=settings.sandbox_max_concurrency,
+            can_grow=self._room_to_grow,
+        )
         # Sandbox kinds whose image could not start the warm runner (no perl, say): they run one exec per call.
         self._cold: set[WarmKey] = set()
         self.limiter = anyio.CapacityLimiter(settings.sandbox_max_concurrency)
@@ -260,6 +267,10 @@ class Executor:
             await self.pool.release(lease)
         text = (result.stdout or result.stderr).decode("utf-8", errors="replace").strip()
         return text.splitlines()[0] if text else "unknown"
+
+    def _room_to_grow(self, key: WarmKey) -> bool:
+        """A larger pool leaves room in the memory budget for one more sandbox (a session, a call)."""
+        return self.budget.committed + 2 * key.spec.limits.memory_bytes <= self.budget.total
 
     async def _make_lease(self, key: WarmKey, ahead: bool, one_shot: bool = True) -> Lease:
         charge = key.spec.limits.memory_bytes
