@@ -244,12 +244,30 @@ def _maven_install(specs: Sequence[str]) -> list[str]:
     return ["sh", "-c", script, "sh", *specs]
 
 
+def _java_run() -> list[str]:
+    return ["sh", "-c", runner_source("java_scan.sh") + runner_source("java_run.sh")]
+
+
+_RUNNER_END = "LLM_SANDBOX_RUNNER_END"
+
+
+def _java_warm() -> list[str]:
+    """The warm JVM (runners/java_runner.java) with the scripts it uses beside it, written at start."""
+    files = {"Runner.java": "java_runner.java", "scan.sh": "java_scan.sh", "run.sh": "java_run.sh"}
+    script = 'set -e\nS=/tmp/.llm-sandbox\nmkdir -p "$S" /tmp/classes\n'
+    for name, source in files.items():
+        script += f"cat > \"$S/{name}\" <<'{_RUNNER_END}'\n{runner_source(source)}{_RUNNER_END}\n"
+    # The heap may use most of the sandbox's memory (the JVM's default is a quarter of it).
+    script += 'exec java -XX:+UseSerialGC -XX:MaxRAMPercentage=75 -Xshare:auto "$S/Runner.java"\n'
+    return ["sh", "-c", script]
+
+
 JAVA = Language(
     name="java",
     title="Java",
     file_name="Main.java",
-    run_argv=_script("java_run.sh"),
-    warm_argv=_script("java_run.sh"),
+    run_argv=_java_run,
+    warm_argv=_java_warm,
     version_argv=("java", "-version"),
     package_manager="Maven (built-in resolver)",
     library_syntax="Maven coordinates group:artifact:version, such as 'com.google.code.gson:gson:2.11.0'",
