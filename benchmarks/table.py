@@ -113,7 +113,8 @@ def floor(runs: int) -> dict[str, float]:
         return round(statistics.median(samples), 1)
 
     found: dict[str, float] = {}
-    python = shutil.which("python3") or sys.executable
+    # The system's interpreter, not a version manager's shim (a shell script that would be timed too).
+    python = next((p for p in ("/usr/bin/python3", shutil.which("python3")) if p and os.path.exists(p)), sys.executable)
 
     def fork() -> None:
         pid = os.fork()
