@@ -107,8 +107,9 @@ PYTHON = Language(
 )
 
 
-def _script(name: str) -> Callable[[], list[str]]:
-    return lambda: ["sh", "-c", runner_source(name)]
+def _script(*names: str) -> Callable[[], list[str]]:
+    """`sh -c` with the runner scripts `names`, one after the other."""
+    return lambda: ["sh", "-c", "".join(runner_source(name) for name in names)]
 
 
 def _script_install(name: str) -> Callable[[Sequence[str]], list[str]]:
@@ -244,10 +245,6 @@ def _maven_install(specs: Sequence[str]) -> list[str]:
     return ["sh", "-c", script, "sh", *specs]
 
 
-def _java_run() -> list[str]:
-    return ["sh", "-c", runner_source("java_scan.sh") + runner_source("java_run.sh")]
-
-
 _RUNNER_END = "LLM_SANDBOX_RUNNER_END"
 
 
@@ -266,7 +263,7 @@ JAVA = Language(
     name="java",
     title="Java",
     file_name="Main.java",
-    run_argv=_java_run,
+    run_argv=_script("java_scan.sh", "java_run.sh"),
     warm_argv=_java_warm,
     version_argv=("java", "-version"),
     package_manager="Maven (built-in resolver)",
@@ -304,8 +301,8 @@ R = Language(
     name="r",
     title="R",
     file_name="main.R",
-    run_argv=_script("r_run.sh"),
-    warm_argv=_script("r_runner.sh"),
+    run_argv=_script("r_profile.sh", "r_run.sh"),
+    warm_argv=_script("r_profile.sh", "r_runner.sh"),
     version_argv=("Rscript", "--version"),
     package_manager="install.packages (CRAN-like repository)",
     library_syntax="a CRAN package name such as 'data.table' or 'jsonlite' (no versions)",
