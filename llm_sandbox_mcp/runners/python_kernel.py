@@ -308,13 +308,13 @@ def run_forked(request):
 
 
 def process_info(pid):
-    """(real uid, start time, state) of a process, or None once it is gone."""
+    """(real uid, start time, state, session) of a process, or None once it is gone."""
     try:
         with open(f"/proc/{pid}/status") as handle:
             uid = next(int(line.split()[1]) for line in handle if line.startswith("Uid:"))
         with open(f"/proc/{pid}/stat") as handle:
             fields = handle.read().rpartition(")")[2].split()
-        return uid, fields[19], fields[0]
+        return uid, fields[19], fields[0], fields[3]
     except (OSError, StopIteration, IndexError, ValueError):
         return None
 
@@ -326,8 +326,11 @@ def processes():
         return []
 
 
-# What ran before this kernel (PID 1, the engine's helpers, its ancestors) is not the user's code.
+# What ran before this kernel (PID 1, the engine's helpers, its ancestors) is not the user's code, nor is
+# what PID 1 starts later in its own session (its sleep): the code runs in a session of its own (setsid in
+# run_forked), and no process can join another session.
 BEFORE = set()
+INIT_SESSION = []
 
 
 def note_existing():
@@ -335,6 +338,8 @@ def note_existing():
         info = process_info(pid)
         if info is not None:
             BEFORE.add((pid, info[1]))
+    init = process_info(1)
+    INIT_SESSION.append(init[3] if init is not None else None)
 
 
 def kill_the_rest(seconds=3.0):
@@ -348,6 +353,8 @@ def kill_the_rest(seconds=3.0):
                 continue
             info = process_info(pid)
             if info is None or info[0] != uid or (pid, info[1]) in BEFORE or info[2] in ("Z", "X"):
+                continue
+            if info[3] == INIT_SESSION[0]:
                 continue
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)

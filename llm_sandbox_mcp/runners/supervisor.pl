@@ -67,7 +67,7 @@ sub json_string {
 }
 
 sub proc_info {
-    # (real uid, start time, state) of a process, or () once it is gone.
+    # (real uid, start time, state, session) of a process, or () once it is gone.
     my ($pid) = @_;
     open(my $status, "<", "/proc/$pid/status") or return ();
     my $uid;
@@ -82,7 +82,7 @@ sub proc_info {
     $text =~ s/^.*\)\s+// or return ();
     my @fields = split /\s+/, $text;
     return () unless defined $uid && @fields > 19;
-    return ($uid, $fields[19], $fields[0]);
+    return ($uid, $fields[19], $fields[0], $fields[3]);
 }
 
 sub processes {
@@ -92,12 +92,15 @@ sub processes {
     return @pids;
 }
 
-# What ran before this runner (PID 1, the engine's helpers, this runner's ancestors) is not the program's.
+# What ran before this runner (PID 1, the engine's helpers, this runner's ancestors) is not the program's,
+# nor is what PID 1 starts later in its own session (its sleep): the program runs in a session of its own
+# (setsid below), and no process can join another session.
 my %before;
 for my $pid (processes()) {
     my @info = proc_info($pid);
     $before{"$pid:$info[1]"} = 1 if @info;
 }
+my $init_session = (proc_info(1))[3] // -1;
 
 sub kill_the_rest {
     # True once no process of this user is left besides this runner and what predates it.
@@ -106,8 +109,8 @@ sub kill_the_rest {
         my $left = 0;
         for my $pid (processes()) {
             next if $pid == $$ || $pid == 1;
-            my ($uid, $started, $state) = proc_info($pid);
-            next unless defined $uid && $uid == $< && !$before{"$pid:$started"};
+            my ($uid, $started, $state, $session) = proc_info($pid);
+            next unless defined $uid && $uid == $< && !$before{"$pid:$started"} && $session != $init_session;
             next if $state eq "Z" || $state eq "X";
             kill "KILL", $pid;
             $left++;
