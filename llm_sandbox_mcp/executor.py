@@ -17,7 +17,7 @@ from llm_sandbox_mcp.artifacts import Artifact, collect
 from llm_sandbox_mcp.backends import Backend, stop_on_cancel
 from llm_sandbox_mcp.budget import MemoryBudget
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.errors import InvalidRequest
+from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure
 from llm_sandbox_mcp.kernel import Kernel, KernelDied
 from llm_sandbox_mcp.languages import COMPILE_FAILED_MARKER, Language, get_language, sandbox_env
 from llm_sandbox_mcp.libraries import LibraryCache
@@ -230,7 +230,7 @@ class Executor:
             if kernel.collect_outside and cell is None:
                 # The runner could not collect with nothing of the program left running; the kernel has killed
                 # everything from outside since, so the files are read from outside.
-                result.artifacts = await self._collect_outputs(lease.ref)
+                result.artifacts = await self._outputs_from_outside(lease.ref, result)
         else:
             ref = lease.ref
             result = await stop_on_cancel(
@@ -248,7 +248,7 @@ class Executor:
             )
             # Nothing of the program may still run while its files are read: no process swaps them mid-read.
             await self.backend.kill_all(lease.ref)
-            outputs = await self._collect_outputs(lease.ref)
+            outputs = await self._outputs_from_outside(lease.ref, result)
             result.artifacts = cell.changed(outputs) if cell is not None else outputs
         # A one-shot sandbox is destroyed after the run anyway: only a session can lose its interpreter.
         lost = result.interpreter_lost and cell is not None
@@ -352,6 +352,15 @@ class Executor:
             interpreter_lost=lost,
             artifacts=result.artifacts,
         )
+
+    async def _outputs_from_outside(self, ref: SandboxRef, result: ExecResult) -> list[Artifact]:
+        """The output files, read after everything in the sandbox was killed from outside."""
+        try:
+            return await self._collect_outputs(ref)
+        except SandboxFailure as exc:  # a kill that could not be proven removed the sandbox, files and all
+            logger.info("No outputs of %s: %s", ref.id[:12], exc)
+            result.stderr += b"\n[the sandbox was removed before its output files could be read]\n"
+            return []
 
     async def _collect_outputs(self, ref: SandboxRef) -> list[Artifact]:
         """Every file in the output directory (for languages without a kernel, which reports changes itself)."""

@@ -192,6 +192,10 @@ class Kernel:
                     err.feed(body)
                     if live is not None:
                         live.feed("stderr", body)
+                if out.flooded or err.flooded:  # over the read budget: stopped, the interpreter with it
+                    await self._kill()
+                    lost, exit_code = True, 137
+                    break
                 elif kind == b"F":
                     if len(artifacts) >= _MAX_ARTIFACTS:
                         raise ProtocolError(f"more than {_MAX_ARTIFACTS} output files")

@@ -93,10 +93,16 @@ class ExecResult:
             exit_code=exit_code,
             stdout=out.getvalue(),
             stderr=err.getvalue(),
-            timed_out=timed_out,
-            truncated=out.truncated or err.truncated,
+            timed_out=timed_out and not (out.flooded or err.flooded),  # stopped for its output, not its time
+            truncated=out.truncated or err.truncated or out.flooded or err.flooded,
             duration_ms=(time.monotonic() - started) * 1000,
         )
+
+
+# However much a run writes, the server reads at most this multiple of what it keeps of a stream (and at least
+# MIN_READ_BUDGET): past it the run is stopped, so a flood costs the server neither memory nor unbounded time.
+READ_BUDGET_FACTOR = 1024
+MIN_READ_BUDGET = 16 * 1024**2
 
 
 class HeadTail:
@@ -111,8 +117,11 @@ class HeadTail:
         self._head = bytearray()
         self._tail = bytearray()
         self.dropped = 0
+        self.read = 0
+        self.budget = None if limit is None else max(limit * READ_BUDGET_FACTOR, MIN_READ_BUDGET)
 
     def feed(self, data: bytes) -> None:
+        self.read += len(data)
         if self._listener is not None and data:
             self._listener(data)
         if self.limit is None:
@@ -136,11 +145,19 @@ class HeadTail:
     def truncated(self) -> bool:
         return self.dropped > 0
 
+    @property
+    def flooded(self) -> bool:
+        """More was written than a run may make the server read: whoever pumps this stops the run."""
+        return self.budget is not None and self.read > self.budget
+
     def getvalue(self) -> bytes:
+        flood = b""
+        if self.flooded:
+            flood = f"\n[the run wrote more than {self.budget} bytes here; it was stopped]\n".encode()
         if not self.dropped:
-            return bytes(self._head + self._tail)
+            return bytes(self._head + self._tail) + flood
         marker = f"\n[... {self.dropped} bytes truncated ...]\n".encode()
-        return bytes(self._head) + marker + bytes(self._tail)
+        return bytes(self._head) + marker + bytes(self._tail) + flood
 
 
 Stream = Literal["stdout", "stderr"]

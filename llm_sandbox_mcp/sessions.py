@@ -21,6 +21,9 @@ from llm_sandbox_mcp.models import MIN_CPUS, MIN_MEMORY, Execution, Limits, Live
 
 logger = logging.getLogger(__name__)
 
+# Why recently closed sessions are gone, for the model that calls one again; older ones are forgotten.
+_REMEMBERED_CLOSES = 1024
+
 # Workspace size in KiB, then the memory the sandbox's cgroup charges (v2, then v1), when it is visible inside.
 _USAGE = (
     "du -sk /workspace 2>/dev/null | cut -f1; "
@@ -168,6 +171,8 @@ class SessionRegistry:
         if session is None:
             return
         self._why_gone[session_id] = why
+        while len(self._why_gone) > _REMEMBERED_CLOSES:
+            del self._why_gone[next(iter(self._why_gone))]
         try:
             await self.executor.close(session.lease)
         except Exception:

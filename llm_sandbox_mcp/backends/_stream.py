@@ -76,7 +76,7 @@ def pump(
 
     With `stdin`, also write it as the process takes it, then half-close: a process that writes before it has
     read all its input cannot then block against us (Podman, unlike Docker, does not buffer its output).
-    Returns True when the deadline passed.
+    Returns True when the deadline passed (or the output went over its read budget, which ends it the same way).
     """
     reader = FrameReader()
     sinks = {1: out, 2: err}
@@ -114,6 +114,8 @@ def pump(
             sink = sinks.get(stream)
             if sink is not None:
                 sink.feed(payload)
+                if sink.flooded:
+                    deadline = min(deadline, now)  # stopped like at its deadline, without reading more
     return timed_out
 
 

@@ -6,16 +6,28 @@ interface and keeps the one record of which sandboxes this process made, so `acl
 
 from __future__ import annotations
 
+import functools
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import PurePosixPath
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import anyio.from_thread
 import anyio.to_thread
 
 from llm_sandbox_mcp.backends import SandboxProcess
+from llm_sandbox_mcp.errors import SandboxFailure
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, OutputListener, SandboxRef, SandboxSpec, Stream
+
+# An engine call that runs a process returns by itself once the process's timeout has passed (the engine kills
+# it and drains its stream); past this much more it is hung in the engine (an exec that never starts, a request
+# write that never completes) and is abandoned, so a call is bounded by its own timeout, not the SDK client's.
+ENGINE_GRACE = 15.0
+_START_SECONDS = 60.0
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Engine(Protocol):
@@ -101,9 +113,10 @@ class Threaded:
         on_output: OutputListener | None = None,
     ) -> ExecResult:
         relay = None if on_output is None else _into_event_loop(on_output)
-        return await anyio.to_thread.run_sync(
+        work = functools.partial(
             self.engine.exec, ref, list(argv), timeout, stdin, dict(env or {}), workdir, output_limit, relay
         )
+        return await self._bounded(ref, timeout + ENGINE_GRACE, f"finish a {timeout:g} s run", work)
 
     async def start(
         self,
@@ -113,7 +126,48 @@ class Threaded:
         env: Mapping[str, str] | None = None,
         workdir: PurePosixPath = WORKDIR,
     ) -> SandboxProcess:
-        return await anyio.to_thread.run_sync(self.engine.start, ref, list(argv), dict(env or {}), workdir)
+        work = functools.partial(self.engine.start, ref, list(argv), dict(env or {}), workdir)
+        return await self._bounded(ref, _START_SECONDS, "start a process", work)
+
+    async def _bounded(self, ref: SandboxRef, bound: float, what: str, work: Callable[[], T]) -> T:
+        """Run a blocking engine call on `ref` in a worker thread, for at most `bound` seconds.
+
+        A cancelled caller waits for the call to return, as a call that cannot be interrupted must (whoever runs a
+        program kills it meanwhile: `stop_on_cancel`), but not past `bound`. An engine call still running then is
+        hung (an exec that never starts, a request write that never completes): the sandbox's processes are
+        killed so it can return, and the caller goes on without it (SandboxFailure, or its cancellation).
+        """
+        returned = threading.Event()
+        deadline = anyio.current_time() + bound
+
+        def call() -> T:
+            try:
+                return work()
+            finally:
+                returned.set()
+
+        try:
+            with anyio.move_on_after(bound):
+                return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                left = max(0.0, deadline - anyio.current_time())
+                if not await anyio.to_thread.run_sync(returned.wait, left, abandon_on_cancel=True):
+                    await self._kill_until(ref, returned)
+            raise
+        await self._kill_until(ref, returned)
+        raise SandboxFailure(f"The {self.name} engine did not {what} within {bound:g} s")
+
+    async def _kill_until(self, ref: SandboxRef, returned: threading.Event) -> None:
+        """Kill every process in the sandbox, again each second, until a hung engine call has returned (or a
+        grace has passed: an engine that answers nothing cannot be waited for)."""
+        with anyio.move_on_after(ENGINE_GRACE):
+            while not returned.is_set():
+                try:
+                    await anyio.to_thread.run_sync(self.engine.kill_all, ref, abandon_on_cancel=True)
+                except SandboxFailure as exc:  # the sandbox is gone: so is everything that ran in it
+                    logger.info("Could not kill the processes of %s: %s", ref.id[:12], exc)
+                await anyio.to_thread.run_sync(returned.wait, 1.0, abandon_on_cancel=True)
 
     async def kill_all(self, ref: SandboxRef) -> None:
         await anyio.to_thread.run_sync(self.engine.kill_all, ref)

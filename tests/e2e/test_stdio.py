@@ -189,3 +189,33 @@ def test_run_with_a_missing_image_is_one_clear_line_not_a_traceback(docker_requi
     stderr = completed.stderr.decode()
     assert "Traceback" not in stderr
     assert "llm-sandbox-mcp: Image 'llm-sandbox-missing:none' is not on the Docker engine" in stderr
+
+
+async def test_a_three_minute_background_job_is_polled_to_its_end_with_all_its_output_and_a_plot(
+    docker_required: None,
+) -> None:
+    """A run longer than any client waits in one call: handed back at once, then polled as a model would,
+    a minute apart at most, with only new output each time."""
+    code = (
+        "import time\nimport matplotlib.pyplot as plt\n"
+        "for minute in range(36):\n    print(f'tick {minute}', flush=True)\n    time.sleep(5)\n"
+        "plt.plot([1, 3, 2])\nplt.show()\nprint('done')"
+    )
+    with anyio.fail_after(290):
+        async with Client(StdioServerParameters(command=SCRIPT, env=ENV)) as client:
+            started = await client.call_tool("execute_code", {"code": code, "timeout": 240, "background": True})
+            assert started.structured_content is not None and started.structured_content["status"] == "running"
+            job_id, since, seen, polls = started.structured_content["job_id"], 0, "", 0
+            while True:
+                polled = await client.call_tool("get_job", {"job_id": job_id, "since": since, "wait": 55})
+                info = polled.structured_content
+                assert info is not None and info["skipped_bytes"] == 0
+                seen += info["stdout"]
+                since, polls = info["next_since"], polls + 1
+                if info["status"] != "running":
+                    break
+            images = [block for block in polled.content if isinstance(block, ImageContent)]
+    assert info["status"] == "finished" and info["result"]["exit_code"] == 0, info
+    assert seen == "".join(f"tick {minute}\n" for minute in range(36)) + "done\n"
+    assert polls >= 3, "the job outlived several polls"
+    assert [image.mime_type for image in images] == ["image/png"]

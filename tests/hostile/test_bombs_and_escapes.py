@@ -130,3 +130,25 @@ async def test_links_in_the_outputs_never_bring_back_files_from_outside(executor
     )
     assert python.exit_code == 0 and python.artifacts == [], python
     await still_answers(executor)
+
+
+@pytest.mark.parametrize(
+    ("language", "code"),
+    [
+        ("python", "import sys\nchunk = 'x' * (1 << 20)\nwhile True:\n    sys.stdout.write(chunk)\n"),
+        ("python", "import os\nchunk = b'y' * (1 << 20)\nwhile True:\n    os.write(2, chunk)\n"),
+        ("ruby", "chunk = 'z' * (1 << 20)\nloop { $stdout.syswrite(chunk) }\n"),
+    ],
+    ids=["python-stdout", "python-stderr-raw", "ruby-stdout"],
+)
+async def test_an_endless_output_flood_is_stopped_at_the_read_budget_not_at_the_timeout(
+    executor: Executor, language: str, code: str
+) -> None:
+    """However long its timeout, a run that writes without end makes the server read a bounded number of bytes."""
+    result = await executor.execute(code, language, timeout=240)
+    assert not result.timed_out, result.stderr[-500:]
+    assert result.exit_code != 0 and result.truncated
+    flooded = result.stderr if "os.write(2" in code else result.stdout
+    assert "bytes here; it was stopped]" in flooded[-200:], flooded[-300:]
+    assert len(result.stdout) + len(result.stderr) < 4 * executor.settings.sandbox_output_limit
+    await still_answers(executor)

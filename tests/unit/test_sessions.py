@@ -9,6 +9,7 @@ from mcp import Client
 from mcp_types import CallToolResult, TextContent
 
 from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.errors import SandboxNotFound
 from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.server import build_server
 from llm_sandbox_mcp.sessions import SessionRegistry
@@ -205,3 +206,19 @@ async def test_an_engine_error_of_any_type_in_the_background_does_not_end_the_se
         listed = await client.call_tool("get_supported_languages", {})
     assert failed.is_error and "RuntimeError" not in _text(failed)
     assert not listed.is_error
+
+
+async def test_the_record_of_closed_sessions_is_bounded_and_keeps_the_most_recent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("llm_sandbox_mcp.sessions._REMEMBERED_CLOSES", 3)
+    settings = Settings(sandbox_pool_size=0, sandbox_max_sessions=10)
+    async with Executor(settings, FakeBackend(handler=lambda call: ok())) as executor:
+        registry = SessionRegistry(settings, executor)
+        ids = [(await registry.create("javascript", [])).id for _ in range(5)]
+        for session_id in ids:
+            await registry.close(session_id)
+        with pytest.raises(SandboxNotFound, match="it was closed"):
+            registry.get(ids[-1])
+        with pytest.raises(SandboxNotFound, match="no session with that id"):
+            registry.get(ids[0])

@@ -280,9 +280,9 @@ class BubblewrapBackend:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(feed, process, stdin)
                 assert process.stdout is not None and process.stderr is not None
-                tasks.start_soon(pump, process.stdout, out)
-                tasks.start_soon(pump, process.stderr, err)
                 with anyio.move_on_after(timeout) as deadline:
+                    tasks.start_soon(pump, process.stdout, out, deadline.cancel)  # a flood ends it like a timeout
+                    tasks.start_soon(pump, process.stderr, err, deadline.cancel)
                     await process.wait()
                 drain = _EXIT_DRAIN_SECONDS
                 if deadline.cancelled_caught:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import anyio
 from anyio.abc import ByteReceiveStream, Process
@@ -68,7 +69,11 @@ async def feed(process: Process, data: bytes) -> None:
         await process.stdin.aclose()
 
 
-async def pump(stream: ByteReceiveStream, sink: HeadTail) -> None:
+async def pump(stream: ByteReceiveStream, sink: HeadTail, on_flood: Callable[[], object]) -> None:
+    """Read `stream` into `sink` to its end; past the sink's read budget, call `on_flood` and read no more."""
     with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
         async for chunk in stream:
             sink.feed(chunk)
+            if sink.flooded:
+                on_flood()
+                return

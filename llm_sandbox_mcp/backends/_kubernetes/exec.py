@@ -198,6 +198,8 @@ def pump(
                 status += payload
             elif channel in sinks:
                 sinks[channel].feed(payload)
+                if sinks[channel].flooded:
+                    deadline = min(deadline, now)  # stopped like at its deadline, without reading more
     finally:
         if writer is not None and writer.is_alive():
             stream.abort()
