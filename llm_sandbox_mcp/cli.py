@@ -14,19 +14,20 @@ from typing import get_args
 
 import anyio
 
-from llm_sandbox_mcp import __version__, cache_commands, image_commands, install, seccomp
-from llm_sandbox_mcp.backends import BACKENDS, load_backend, select_backend
+from llm_sandbox_mcp import __version__
 from llm_sandbox_mcp.config import BackendChoice, Settings, load_settings
 from llm_sandbox_mcp.errors import ConfigError, SandboxError
-from llm_sandbox_mcp.executor import Executor
-from llm_sandbox_mcp.languages import LANGUAGES
-from llm_sandbox_mcp.libraries import egress_report
-from llm_sandbox_mcp.models import Execution
+
+# The other commands' modules are imported where they are used: serving, the default, answers tools/list
+# sooner without them (the installer's TOML library, the executor, the engines).
 
 logger = logging.getLogger("llm_sandbox_mcp")
 
 
 def _parser() -> argparse.ArgumentParser:
+    from llm_sandbox_mcp import cache_commands, image_commands
+    from llm_sandbox_mcp.languages import LANGUAGES
+
     parser = argparse.ArgumentParser(
         prog="llm-sandbox-mcp",
         description="MCP server that runs code in hardened sandboxes. Configured through environment variables.",
@@ -51,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _client_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
+    from llm_sandbox_mcp import install
+
     clients = sorted(install.CLIENTS)
     scopes = ", ".join(f"{name}: {'|'.join(client.scopes)}" for name, client in sorted(install.CLIENTS.items()))
     for command, what in (("install", "add this server to"), ("uninstall", "remove this server from")):
@@ -81,8 +84,11 @@ def _client_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    args = argparse.Namespace(command="serve") if arguments in ([], ["serve"]) else _parser().parse_args(arguments)
     if args.command in ("install", "uninstall"):
+        from llm_sandbox_mcp import install
+
         return install.main(args)
     try:
         settings = load_settings()
@@ -96,13 +102,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "doctor":
         return anyio.run(_doctor, settings)
     if args.command == "seccomp-profile":
+        from llm_sandbox_mcp import seccomp
+
         sys.stdout.write(json.dumps(seccomp.oci_profile(), indent=2) + "\n")
         return 0
     if args.command == "run":
         return anyio.run(_run, settings, args)
     if args.command == "cache":
+        from llm_sandbox_mcp import cache_commands
+
         return anyio.run(cache_commands.run, settings, args)
     if args.command == "images":
+        from llm_sandbox_mcp import image_commands
+
         return anyio.run(image_commands.run, settings, args)
     anyio.run(_serve, settings)
     return 0
@@ -135,6 +147,10 @@ async def _serve(settings: Settings) -> None:
 
 
 async def _doctor(settings: Settings) -> int:
+    from llm_sandbox_mcp import image_commands
+    from llm_sandbox_mcp.backends import BACKENDS, load_backend, select_backend
+    from llm_sandbox_mcp.libraries import egress_report
+
     usable: dict[str, bool] = {}
     for name in BACKENDS:
         try:
@@ -166,12 +182,18 @@ async def _doctor(settings: Settings) -> int:
 
 
 def _seccomp_line(name: str, settings: Settings) -> str:
+    from llm_sandbox_mcp import seccomp
+
     return seccomp.in_force(
         name, settings.sandbox_security_opt, settings.sandbox_privileged, settings.sandbox_k8s_seccomp_profile
     )
 
 
 async def _run(settings: Settings, args: argparse.Namespace) -> int:
+    from llm_sandbox_mcp.backends import select_backend
+    from llm_sandbox_mcp.executor import Executor
+    from llm_sandbox_mcp.models import Execution
+
     code = sys.stdin.read() if args.file == "-" else await anyio.Path(args.file).read_text(encoding="utf-8")
     try:
         backend, _ = await select_backend(settings)

@@ -22,7 +22,7 @@ from llm_sandbox_mcp.egress.relay import egress_env
 from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure
 from llm_sandbox_mcp.hints import missing_library_hint
 from llm_sandbox_mcp.images.build import ProjectImages
-from llm_sandbox_mcp.kernel import Kernel
+from llm_sandbox_mcp.kernel import Kernel, KernelDied
 from llm_sandbox_mcp.languages import COMPILE_FAILED_MARKER, Language, get_language, sandbox_env
 from llm_sandbox_mcp.libraries import LibraryCache
 from llm_sandbox_mcp.models import (
@@ -79,13 +79,15 @@ class WarmKey:
 
 @dataclass
 class Lease:
-    """A sandbox ready for runs, with its warm interpreter when the language has one."""
+    """A sandbox ready for runs, with its warm interpreter or runner when the language has one."""
 
     ref: SandboxRef
     language: Language
     kernel: Kernel | None = None
     # What this sandbox holds of the server's memory budget.
     charged: int = 0
+    # From the pool, used by exactly one run and destroyed afterwards (not a session's).
+    one_shot: bool = True
 
 
 def _decode(data: bytes) -> str:
@@ -104,7 +106,16 @@ class Executor:
         self.limits = settings.limits()
         self.budget = MemoryBudget(settings.memory_budget())
         self.libraries = LibraryCache(settings, backend, self.limits, self.budget)
-        self.pool: Pool[WarmKey, Lease] = Pool(self._make_lease, self._dispose_lease, settings.sandbox_pool_size)
+        self.pool: Pool[WarmKey, Lease] = Pool(
+            self._make_lease,
+            self._dispose_lease,
+            settings.sandbox_pool_size,
+            # Under load a key keeps up to one ready sandbox per call that may run at once.
+            max_size=settings.sandbox_max_concurrency,
+            can_grow=self._room_to_grow,
+        )
+        # Sandbox kinds whose image could not start the warm runner (no perl, say): they run one exec per call.
+        self._cold: set[WarmKey] = set()
         self.limiter = anyio.CapacityLimiter(settings.sandbox_max_concurrency)
         self.images = ProjectImages(settings, backend)
 
@@ -189,7 +200,7 @@ class Executor:
         spec = replace(await self._spec(lang, libraries, limits, live), egress=egress)
         if live is not None:
             live.phase = "starting the sandbox"
-        return await self._make_lease(WarmKey(lang.name, spec), False)
+        return await self._make_lease(WarmKey(lang.name, spec), False, one_shot=False)
 
     async def close(self, lease: Lease) -> None:
         with anyio.CancelScope(shield=True):
@@ -213,8 +224,9 @@ class Executor:
             if await self._revive(lease):
                 notes.append("[the interpreter had been lost and was restarted: earlier variables are gone]\n")
         live.phase = f"running {lang.name}" + (f" (cell {cell.number})" if cell is not None else "")
-        if lease.kernel is not None:
-            result = await lease.kernel.run(
+        kernel = lease.kernel
+        if kernel is not None:
+            result = await kernel.run(
                 _decode(program.source),
                 mode="fork" if cell is None else "inline",
                 echo=cell is not None,
@@ -224,6 +236,10 @@ class Executor:
                 artifact_limit=self.settings.sandbox_artifact_limit,
                 live=live,
             )
+            if kernel.collect_outside and cell is None:
+                # The runner could not collect with nothing of the program left running; the kernel has killed
+                # everything from outside since, so the files are read from outside.
+                result.artifacts = await self._outputs_from_outside(lease.ref, result)
         else:
             ref = lease.ref
             result = await stop_on_cancel(
@@ -241,12 +257,7 @@ class Executor:
             )
             # Nothing of the program may still run while its files are read: no process swaps them mid-read.
             await self.backend.kill_all(lease.ref)
-            try:
-                outputs = await self._collect_outputs(lease.ref)
-            except SandboxFailure as exc:  # a kill that could not be proven removed the sandbox, files and all
-                logger.info("No outputs of %s: %s", lease.ref.id[:12], exc)
-                outputs = []
-                result.stderr += b"\n[the sandbox was removed before its output files could be read]\n"
+            outputs = await self._outputs_from_outside(lease.ref, result)
             result.artifacts = cell.changed(outputs) if cell is not None else outputs
         # A one-shot sandbox is destroyed after the run anyway: only a session can lose its interpreter.
         lost = result.interpreter_lost and cell is not None
@@ -270,17 +281,24 @@ class Executor:
         libraries = images.parse_probe(lang.name, _decode(found.stdout)) if found is not None else {}
         return (text.splitlines()[0] if text else "unknown"), libraries
 
-    async def _make_lease(self, key: WarmKey, ahead: bool) -> Lease:
+    def _room_to_grow(self, key: WarmKey) -> bool:
+        """A larger pool leaves room in the memory budget for one more sandbox (a session, a call)."""
+        return self.budget.committed + 2 * key.spec.limits.memory_bytes <= self.budget.total
+
+    async def _make_lease(self, key: WarmKey, ahead: bool, one_shot: bool = True) -> Lease:
         await self.images.ensure(key.language)
         charge = key.spec.limits.memory_bytes
         self.budget.reserve(charge, "a warm sandbox" if ahead else "a sandbox")
         try:
-            lease = Lease(await self.backend.create(key.spec), get_language(key.language), charged=charge)
+            ref = await self.backend.create(key.spec)
         except BaseException:
             self.budget.release(charge)
             raise
+        lease = Lease(ref, get_language(key.language), charged=charge, one_shot=one_shot)
         try:
             await self._start_kernel(lease, preload=ahead)
+            if one_shot and lease.kernel is None:
+                await self._start_runner(key, lease)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._dispose_lease(lease)
@@ -294,6 +312,19 @@ class Executor:
                 **egress_env(lease.ref.spec),
             }
             lease.kernel = await Kernel.start(self.backend, lease.ref, env, preload=preload)
+
+    async def _start_runner(self, key: WarmKey, lease: Lease) -> None:
+        """The language's runtime started ahead, waiting for the program; a sandbox that cannot runs cold."""
+        warm_argv = lease.language.warm_argv
+        if warm_argv is None or key in self._cold:
+            return
+        env = sandbox_env(lease.language, with_libraries=lease.ref.spec.cache is not None)
+        try:
+            lease.kernel = await Kernel.supervise(self.backend, lease.ref, warm_argv(), env)
+        except KernelDied as exc:
+            logger.warning("%s sandboxes run without a warm runner: %s", lease.language.title, exc)
+            self._cold.add(key)
+            await self.backend.kill_all(lease.ref)
 
     async def _revive(self, lease: Lease) -> bool:
         """Start a new interpreter where the last one was lost; True when that happened."""
@@ -340,6 +371,15 @@ class Executor:
             interpreter_lost=lost,
             artifacts=result.artifacts,
         )
+
+    async def _outputs_from_outside(self, ref: SandboxRef, result: ExecResult) -> list[Artifact]:
+        """The output files, read after everything in the sandbox was killed from outside."""
+        try:
+            return await self._collect_outputs(ref)
+        except SandboxFailure as exc:  # a kill that could not be proven removed the sandbox, files and all
+            logger.info("No outputs of %s: %s", ref.id[:12], exc)
+            result.stderr += b"\n[the sandbox was removed before its output files could be read]\n"
+            return []
 
     async def _collect_outputs(self, ref: SandboxRef) -> list[Artifact]:
         """Every file in the output directory (for languages without a kernel, which reports changes itself)."""

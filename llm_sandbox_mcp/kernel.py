@@ -1,11 +1,12 @@
-"""The server's side of the Python kernel: a warm interpreter inside a sandbox, spoken to in frames.
+"""The server's side of a warm runner inside a sandbox, spoken to in frames: the Python kernel, and the
+supervisor that runs every other language's program in a runtime started ahead of time.
 
-The frame format and the kernel itself are described in runners/python_kernel.py. The kernel's output is
-hostile input (user code in a session runs inside the kernel and can write to its protocol descriptor), so
-the server enforces its own limits: each kind of frame has a size cap checked before its body is read, a
-run's files have a count and an inline byte budget, and every JSON header is parsed strictly. A frame that
-breaks any of this ends the run (the interpreter is killed) with a clear result, never an allocation or an
-exception.
+The frame format is described in runners/python_kernel.py, the supervisor in runners/supervisor.pl. A
+runner's output is hostile input (user code in a session runs inside the kernel and can write to its
+protocol descriptor), so the server enforces its own limits: each kind of frame has a size cap checked
+before its body is read, a run's files have a count and an inline byte budget, and every JSON header is
+parsed strictly. A frame that breaks any of this ends the run (the interpreter is killed) with a clear
+result, never an allocation or an exception.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 import logging
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import cast
 
 import anyio
@@ -60,25 +61,46 @@ class Kernel:
         self.process = process
         self.pid = 0
         self.alive = True
+        # Set by a one-shot run whose files the runner could not collect with nothing of the program left
+        # running (a timeout, a runner killed or stopped by the code): the caller collects from outside.
+        self.collect_outside = False
         self._buffer = bytearray()
         # What the current run may still send inline as file contents (0 outside a run).
         self._room = 0
 
     @classmethod
     async def start(cls, backend: Backend, ref: SandboxRef, env: Mapping[str, str], preload: bool) -> Kernel:
-        """Start the kernel and wait for its hello. Raises KernelDied when it does not come up."""
+        """Start the Python kernel and wait for its hello. Raises KernelDied when it does not come up."""
         full_env = {**env, "LLM_SANDBOX_PRELOAD": "1" if preload else "0"}
-        process = await backend.start(ref, ["python3", "-c", runner_source("python_kernel.py")], env=full_env)
+        argv = ["python3", "-c", runner_source("python_kernel.py")]
+        return await cls.launch(backend, ref, argv, full_env, "The Python interpreter")
+
+    @classmethod
+    async def supervise(
+        cls, backend: Backend, ref: SandboxRef, runtime: Sequence[str], env: Mapping[str, str]
+    ) -> Kernel:
+        """Start the supervisor with `runtime` waiting for a one-shot program. Raises KernelDied."""
+        argv = ["perl", "-e", runner_source("supervisor.pl"), "--", *runtime]
+        return await cls.launch(backend, ref, argv, env, "The warm runner")
+
+    @classmethod
+    async def launch(
+        cls, backend: Backend, ref: SandboxRef, argv: list[str], env: Mapping[str, str], what: str
+    ) -> Kernel:
+        process = await backend.start(ref, argv, env=env)
         kernel = cls(backend, ref, process)
-        frame = await kernel._next_frame(time.monotonic() + _START_TIMEOUT)
+        try:
+            frame = await kernel._next_frame(time.monotonic() + _START_TIMEOUT)
+        except KernelDied:
+            frame = None
         if frame is None or frame[0] != b"H":
             detail = process.stderr_tail().decode("utf-8", errors="replace").strip()[-2000:]
             await process.aclose()
-            raise KernelDied(f"The Python interpreter in the sandbox did not start: {detail or 'no output'}")
+            raise KernelDied(f"{what} in the sandbox did not start: {detail or 'no output'}")
         pid = _json_object(frame[1]).get("pid")
         if type(pid) is not int or pid <= 0:
             await process.aclose()
-            raise ProtocolError("The Python interpreter in the sandbox sent an invalid hello")
+            raise ProtocolError(f"{what} in the sandbox sent an invalid hello")
         kernel.pid = pid
         return kernel
 
@@ -132,8 +154,9 @@ class Kernel:
         started = time.monotonic()
         out, err = HeadTail(output_limit), HeadTail(output_limit)
         artifacts: list[Artifact] = []
-        request = {"code": code, "mode": mode, "echo": echo, "filename": filename, "artifact_limit": artifact_limit}
-        payload = json.dumps(request).encode()
+        request = {"mode": mode, "echo": echo, "filename": filename, "artifact_limit": artifact_limit}
+        # The header is one line (JSON escapes newlines); the program follows as it is.
+        payload = json.dumps(request).encode() + b"\n" + code.encode("utf-8", errors="replace")
         exit_code: int | None = None
         timed_out = False
         lost = False
@@ -141,6 +164,7 @@ class Kernel:
         interrupted = False
         sent = False
         self._room = artifact_limit
+        self.collect_outside = False
         try:
             # A kernel that does not read (stopped by the code of an earlier cell) cannot hold the call past its time.
             with anyio.fail_after(timeout):
@@ -156,7 +180,7 @@ class Kernel:
                         deadline = time.monotonic() + _INTERRUPT_GRACE
                         continue
                     await self._kill()
-                    lost = True
+                    lost = self.collect_outside = True
                     exit_code = 137
                     break
                 kind, body = frame
@@ -179,10 +203,15 @@ class Kernel:
                     if artifact is not None:
                         artifacts.append(artifact)
                 elif kind == b"D":
-                    status = _json_object(body).get("exit")
-                    if type(status) is not int or status not in _EXIT_RANGE:
+                    info = _json_object(body)
+                    status, clean = info.get("exit"), info.get("clean", True)
+                    if type(status) is not int or status not in _EXIT_RANGE or type(clean) is not bool:
                         raise ProtocolError("an invalid exit status")
                     exit_code = status
+                    if not clean:
+                        # Something of the program outlived every kill: its files are not to be trusted.
+                        await self._kill()
+                        self.collect_outside, artifacts = True, []
                 elif kind == b"H":
                     raise ProtocolError("a second hello")
         except ProtocolError as exc:
@@ -193,6 +222,7 @@ class Kernel:
             # The interpreter died mid-run (e.g. killed for memory), stopped reading, or its sandbox went away.
             await self._kill()
             lost, exit_code = True, 137
+            self.collect_outside = True
             timed_out = timed_out or isinstance(exc, TimeoutError)
             err.feed(f"\n[the interpreter was lost: {exc or 'it stopped reading'}]\n".encode())
         except anyio.get_cancelled_exc_class():

@@ -41,6 +41,9 @@ class Language:
     notes: str = ""
     # Runs through a warm interpreter in the sandbox (runners/python_kernel.py) instead of one exec per call.
     kernel: bool = False
+    # For a one-shot run from the pool: the runtime to start ahead of time under runners/supervisor.pl, which
+    # then reads the program from stdin (None: one exec per call, as in sessions).
+    warm_argv: Callable[[], list[str]] | None = None
     # Installer environment variable -> the Settings field that sets it (a registry, index or mirror).
     registry_env: dict[str, str] = field(default_factory=lambda: {})
     # The install step runs even without libraries, to build a cache every run mounts (Go's build cache).
@@ -104,8 +107,9 @@ PYTHON = Language(
 )
 
 
-def _script(name: str) -> Callable[[], list[str]]:
-    return lambda: ["sh", "-c", runner_source(name)]
+def _script(*names: str) -> Callable[[], list[str]]:
+    """`sh -c` with the runner scripts `names`, one after the other."""
+    return lambda: ["sh", "-c", "".join(runner_source(name) for name in names)]
 
 
 def _script_install(name: str) -> Callable[[Sequence[str]], list[str]]:
@@ -131,6 +135,7 @@ JAVASCRIPT = Language(
     title="JavaScript",
     file_name="main.js",
     run_argv=lambda: ["node", "-e", runner_source("javascript_runner.js")],
+    warm_argv=lambda: ["node", "-e", runner_source("javascript_runner.js")],
     version_argv=("node", "-p", "'Node.js ' + process.version"),
     package_manager="npm",
     library_syntax="an npm package such as 'lodash', 'lodash@4.17.21', '@scope/name@^2' or 'zod@latest'",
@@ -165,6 +170,7 @@ GO = Language(
     title="Go",
     file_name="main.go",
     run_argv=_script("go_run.sh"),
+    warm_argv=_script("go_run.sh"),
     version_argv=("go", "version"),
     package_manager="go modules",
     library_syntax="a module path with an optional version, such as 'github.com/google/uuid', "
@@ -201,6 +207,7 @@ CPP = Language(
     title="C++",
     file_name="main.cpp",
     run_argv=_script("cpp_run.sh"),
+    warm_argv=_script("cpp_run.sh"),
     version_argv=("g++", "--version"),
     package_manager="apt (download and unpack only)",
     library_syntax="a Debian package name, normally a -dev package such as 'libfmt-dev' or 'nlohmann-json3-dev'",
@@ -238,11 +245,26 @@ def _maven_install(specs: Sequence[str]) -> list[str]:
     return ["sh", "-c", script, "sh", *specs]
 
 
+_RUNNER_END = "LLM_SANDBOX_RUNNER_END"
+
+
+def _java_warm() -> list[str]:
+    """The warm JVM (runners/java_runner.java) with the scripts it uses beside it, written at start."""
+    files = {"Runner.java": "java_runner.java", "scan.sh": "java_scan.sh", "run.sh": "java_run.sh"}
+    script = 'set -e\nS=/tmp/.llm-sandbox\nmkdir -p "$S" /tmp/classes\n'
+    for name, source in files.items():
+        script += f"cat > \"$S/{name}\" <<'{_RUNNER_END}'\n{runner_source(source)}{_RUNNER_END}\n"
+    # The heap may use most of the sandbox's memory (the JVM's default is a quarter of it).
+    script += 'exec java -XX:+UseSerialGC -XX:MaxRAMPercentage=75 -Xshare:auto "$S/Runner.java"\n'
+    return ["sh", "-c", script]
+
+
 JAVA = Language(
     name="java",
     title="Java",
     file_name="Main.java",
-    run_argv=_script("java_run.sh"),
+    run_argv=_script("java_scan.sh", "java_run.sh"),
+    warm_argv=_java_warm,
     version_argv=("java", "-version"),
     package_manager="Maven (built-in resolver)",
     library_syntax="Maven coordinates group:artifact:version, such as 'com.google.code.gson:gson:2.11.0'",
@@ -279,7 +301,8 @@ R = Language(
     name="r",
     title="R",
     file_name="main.R",
-    run_argv=_script("r_run.sh"),
+    run_argv=_script("r_profile.sh", "r_run.sh"),
+    warm_argv=_script("r_profile.sh", "r_runner.sh"),
     version_argv=("Rscript", "--version"),
     package_manager="install.packages (CRAN-like repository)",
     library_syntax="a CRAN package name such as 'data.table' or 'jsonlite' (no versions)",
@@ -313,6 +336,7 @@ RUBY = Language(
     title="Ruby",
     file_name="main.rb",
     run_argv=_script("ruby_run.sh"),
+    warm_argv=lambda: ["ruby", "-e", runner_source("ruby_runner.rb")],
     version_argv=("ruby", "--version"),
     package_manager="gem",
     library_syntax="a gem name with an optional exact version, such as 'rainbow' or 'rainbow:3.1.1'",

@@ -1,7 +1,9 @@
 """Warm pool: sandboxes made ready ahead of time, so a call costs a message rather than a container start.
 
 Items are used once: `acquire` takes a ready one (or makes one), a replacement is made in the background,
-and `release` disposes of the used one in the background.
+and `release` disposes of the used one in the background. The pool adapts: a key whose calls find it empty
+(back-to-back or parallel calls) gets a larger target, up to `max_size` and while `can_grow` allows it (the
+memory budget), refilled in parallel; a key left idle shrinks back to `size`.
 """
 
 from __future__ import annotations
@@ -38,10 +40,19 @@ class Pool(Generic[K, T]):
         size: int,
         max_keys: int = 4,
         max_age: float = 3600.0,
+        max_size: int | None = None,
+        can_grow: Callable[[K], bool] = lambda key: True,
+        idle: float = 30.0,
     ) -> None:
         self._make = make
         self._dispose = dispose
         self._size = size
+        self._max_size = max(size, max_size if max_size is not None else size)
+        self._can_grow = can_grow
+        # After this long without a call, a key's target falls back to `size` and the extra items go.
+        self._idle = idle
+        self._target: dict[K, int] = {}
+        self._used: dict[K, float] = {}
         self._max_keys = max_keys
         # An item older than this is not handed out: an engine may have ended it meanwhile (a pod's deadline).
         self._max_age = max_age
@@ -53,6 +64,8 @@ class Pool(Generic[K, T]):
     async def __aenter__(self) -> Pool[K, T]:
         self._tasks = anyio.create_task_group()
         await self._tasks.__aenter__()
+        if self._max_size > self._size:
+            self._tasks.start_soon(self._shrink_idle)
         return self
 
     async def __aexit__(
@@ -63,10 +76,19 @@ class Pool(Generic[K, T]):
         self._tasks.cancel_scope.cancel()
         await self._tasks.__aexit__(exc_type, exc, tb)
         with anyio.CancelScope(shield=True):
-            for items in self._ready.values():
-                for _, item in items:
-                    await self._dispose(item)
+            # In parallel: each disposal is an engine round trip, and shutdown waits for all of them.
+            async with anyio.create_task_group() as disposals:
+                for items in self._ready.values():
+                    for _, item in items:
+                        disposals.start_soon(self._shielded_dispose, item)
             self._ready.clear()
+
+    def sizes(self) -> dict[K, tuple[int, int, int]]:
+        """Per key: items ready, being made, and the current target."""
+        return {
+            key: (len(items), self._making.get(key, 0), self._target.get(key, self._size))
+            for key, items in self._ready.items()
+        }
 
     def warm(self, key: K) -> None:
         """Start making items for `key` in the background, up to the pool size."""
@@ -75,10 +97,37 @@ class Pool(Generic[K, T]):
         self._ready.setdefault(key, [])
         self._ready.move_to_end(key)
         self._evict()
-        missing = self._size - len(self._ready[key]) - self._making.get(key, 0)
-        for _ in range(max(0, missing)):
+        target = self._target.get(key, self._size)
+        have = len(self._ready[key]) + self._making.get(key, 0)
+        for count in range(have, target):
+            if count >= self._size and not self._can_grow(key):
+                break
             self._making[key] = self._making.get(key, 0) + 1
             self._tasks.start_soon(self._fill, key)
+
+    def _grow(self, key: K) -> None:
+        """A call found `key` empty: keep more ready, up to the cap."""
+        target = self._target.get(key, self._size)
+        if target < self._max_size:
+            self._target[key] = min(self._max_size, max(1, target * 2))
+            logger.info("Warm pool for %s grows to %d under load", key, self._target[key])
+
+    async def _shrink_idle(self) -> None:
+        while True:
+            await anyio.sleep(self._idle / 4)
+            now = time.monotonic()
+            for key, target in list(self._target.items()):
+                if target <= self._size or now - self._used.get(key, now) < self._idle:
+                    continue
+                self._target[key] = self._size
+                if key not in self._ready:
+                    continue
+                logger.info("Warm pool for %s shrinks to %d when idle", key, self._size)
+                items = self._ready[key]
+                extra, self._ready[key] = items[self._size :], items[: self._size]
+                for _, item in extra:
+                    assert self._tasks is not None
+                    self._tasks.start_soon(self._shielded_dispose, item)
 
     async def _fill(self, key: K) -> None:
         try:
@@ -95,11 +144,16 @@ class Pool(Generic[K, T]):
             with anyio.CancelScope(shield=True):
                 await self._dispose(item)
             return
+        if len(self._ready[key]) >= self._target.get(key, self._size):
+            await self._shielded_dispose(item)  # the key shrank while this was made
+            return
         self._ready[key].append((time.monotonic(), item))
 
     def _evict(self) -> None:
         while len(self._ready) > self._max_keys:
-            _, items = self._ready.popitem(last=False)
+            key, items = self._ready.popitem(last=False)
+            self._target.pop(key, None)
+            self._used.pop(key, None)
             for _, item in items:
                 if self._tasks is not None:
                     self._tasks.start_soon(self._shielded_dispose, item)
@@ -114,6 +168,9 @@ class Pool(Generic[K, T]):
                 item = candidate
             elif self._tasks is not None:
                 self._tasks.start_soon(self._shielded_dispose, candidate)
+        self._used[key] = time.monotonic()
+        if item is None or (not items and self._making.get(key, 0)):
+            self._grow(key)
         self.warm(key)
         if item is None:
             item = await self._make(key, False)

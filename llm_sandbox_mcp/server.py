@@ -52,32 +52,46 @@ def build_server(
     caller, which may need to clean up from outside the lifespan."""
     state = state or AppState(settings)
 
-    @asynccontextmanager
-    async def lifespan(_: MCPServer[AppState]) -> AsyncGenerator[AppState]:
+    async def start_engine(stop: anyio.Event) -> None:
+        """The engine, the executor and the registries, until `stop`; tools wait for `state.started`."""
         async with AsyncExitStack() as stack:
-            if backend is not None:
-                engine = backend
-            else:
-                try:
-                    engine, why = await select_backend(settings)
-                except SandboxError as exc:
-                    # Serve anyway: engines often start after MCP clients do, and tools then say what is wrong.
-                    logger.error("%s", exc)
-                    state.failure = str(exc)
-                    yield state
-                    return
-                logger.info("%s", why)
-            stack.push_async_callback(_shielded, engine.aclose)
-            state.running = await stack.enter_async_context(Executor(settings, engine))
-            state.registry = SessionRegistry(settings, state.running)
-            stack.push_async_callback(_shielded, state.registry.aclose)
-            # Closed first: every job is cancelled, and its run stops, before sessions and sandboxes go.
-            state.runs = await stack.enter_async_context(JobRegistry(settings))
+            try:
+                if backend is not None:
+                    engine = backend
+                else:
+                    try:
+                        engine, why = await select_backend(settings)
+                    except SandboxError as exc:
+                        # Serve anyway: engines often start after MCP clients do, and tools then say what is wrong.
+                        logger.error("%s", exc)
+                        state.failure = str(exc)
+                        return
+                    logger.info("%s", why)
+                stack.push_async_callback(_shielded, engine.aclose)
+                state.running = await stack.enter_async_context(Executor(settings, engine))
+                state.registry = SessionRegistry(settings, state.running)
+                stack.push_async_callback(_shielded, state.registry.aclose)
+                # Closed first: every job is cancelled, and its run stops, before sessions and sandboxes go.
+                state.runs = await stack.enter_async_context(JobRegistry(settings))
+            finally:
+                state.started.set()
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(_prepare, state.running)
                 tasks.start_soon(state.registry.run_reaper)
-                yield state
+                await stop.wait()
                 tasks.cancel_scope.cancel()
+
+    @asynccontextmanager
+    async def lifespan(_: MCPServer[AppState]) -> AsyncGenerator[AppState]:
+        # The engine starts beside the protocol: initialize and tools/list answer before its SDK is imported
+        # or it is probed; a tool call waits for it.
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(start_engine, stop)
+            try:
+                yield state
+            finally:
+                stop.set()
 
     server: MCPServer[AppState] = MCPServer(
         "llm-sandbox",
@@ -187,6 +201,7 @@ def build_server(
     )
     async def get_supported_languages() -> LanguagesResult:
         with tool_errors():
+            await state.ready()
             return state.languages()
 
     @server.tool(
@@ -204,7 +219,8 @@ def build_server(
             return await state.language_details(language)
 
     @server.resource("sandbox://languages", name="languages", mime_type="application/json")
-    def languages_resource() -> str:
+    async def languages_resource() -> str:
+        await state.ready()
         return state.languages().model_dump_json()
 
     register_session_tools(server, state)

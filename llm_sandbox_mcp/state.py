@@ -44,6 +44,13 @@ class AppState:
         self.runs: JobRegistry | None = None
         self.versions: dict[str, tuple[str, dict[str, str]]] = {}
         self.failure: str | None = None
+        # Set once the engine is up, or known not to be (`failure`): the lifespan starts it beside the protocol.
+        self.started = anyio.Event()
+
+    async def ready(self) -> None:
+        """Wait for the engine's start-up to end, however it ended (no checkpoint once it has)."""
+        if not self.started.is_set():
+            await self.started.wait()
 
     def _unavailable(self) -> SandboxError:
         if self.failure is not None:
@@ -94,6 +101,7 @@ class AppState:
     ) -> Execution:
         """Run code, one-shot or in a session; in the background, or in the foreground until the foreground
         limit, past which the run goes on as a job and its handle comes back."""
+        await self.ready()
         if session_id is not None:
             sessions = self.sessions
             cell = sessions.prepare(session_id, code, libraries, timeout)  # a request we cannot serve fails now
@@ -147,9 +155,11 @@ class AppState:
         )
 
     async def get_job(self, job_id: str, since: int, wait: float) -> JobInfo:
+        await self.ready()
         return self._job_info(await self.jobs.wait(job_id, wait), since)
 
     async def cancel_job(self, job_id: str) -> JobInfo:
+        await self.ready()
         return self._job_info(await self.jobs.cancel(job_id), 0)
 
     def _job_info(self, job: Job, since: int) -> JobInfo:
@@ -197,6 +207,7 @@ class AppState:
         return LanguagesResult(languages=[self._language_info(lang) for lang in LANGUAGES.values()], backend=backend)
 
     async def language_details(self, name: str) -> LanguageDetails:
+        await self.ready()
         lang = get_language(name)
         executor = self.executor
         missing = self._missing(lang)
@@ -227,6 +238,7 @@ class AppState:
         network: bool | list[str],
         progress: Report | None = None,
     ) -> SessionInfo:
+        await self.ready()
         sessions, live = self.sessions, Live()
         session = await reporting(
             live, progress, lambda: sessions.create(language, libraries, memory, cpus, network, live)
@@ -234,10 +246,12 @@ class AppState:
         return SessionInfo.model_validate(session.describe())
 
     async def close_session(self, session_id: str) -> Closed:
+        await self.ready()
         await self.sessions.close(session_id)
         return Closed(session_id=session_id, closed=True)
 
     async def list_sessions(self) -> SessionList:
+        await self.ready()
         sessions = self.sessions
         infos: list[SessionInfo] = []
         for session in sessions.list():
@@ -258,6 +272,7 @@ class AppState:
         content_base64: str | None,
         host_path: str | None,
     ) -> FileInfo:
+        await self.ready()
         ref = self._session(session_id).lease.ref
         if sum(value is not None for value in (content, content_base64, host_path)) != 1:
             raise InvalidRequest("Give exactly one of content, content_base64 or host_path")
@@ -278,6 +293,7 @@ class AppState:
         self, session_id: str, path: str, host_path: str | None, overwrite: bool = False
     ) -> tuple[Download, bytes]:
         """The file's description and its bytes (for the image block a result may add)."""
+        await self.ready()
         ref = self._session(session_id).lease.ref
         data = await self.files.download(ref, path)
         written = await self.files.write_host(host_path, data, overwrite) if host_path is not None else None
@@ -298,5 +314,6 @@ class AppState:
         return download, data
 
     async def list_files(self, session_id: str, path: str) -> FileList:
+        await self.ready()
         entries = await self.files.list(self._session(session_id).lease.ref, path)
         return FileList(files=[FileInfo(path=e.path, type=e.type, size=e.size) for e in entries])

@@ -1,10 +1,13 @@
 # The Python kernel: runs inside the sandbox as `python3 -c <this file>` and speaks a framed protocol with the
 # server on its stdin/stdout. Frames are 1 kind byte + 4-byte big-endian length + payload.
-#   server -> kernel  R {"code", "mode": "fork"|"inline", "echo", "artifact_limit", "filename"}
+#   server -> kernel  R {"mode": "fork"|"inline", "echo", "artifact_limit", "filename"} "\n" code (UTF-8)
 #   kernel -> server  H {"pid", "python"}   O stdout bytes   E stderr bytes
-#                     F {"name", "size", "inline"} "\n" data     D {"exit", "restarted"?}
+#                     F {"name", "size", "inline"} "\n" data     D {"exit", "clean"?}
 # "fork" runs the code in a forked child: a fresh process with the exit status, crashes and os._exit of a
-# real script. "inline" runs it in this process so variables survive between calls (sessions).
+# real script; a one-shot run, so once the child has exited every other process of the sandbox user that did
+# not exist when the kernel started is killed before the output files are read ("clean": false in D when that
+# could not be achieved, with no files: the server then kills and collects from outside). "inline" runs it in
+# this process so variables survive between calls (sessions); what the code leaves running is left alone.
 # The user's stdout/stderr go to pipes this kernel forwards, so nothing the code prints can break framing.
 # Must run on any Python 3.8+. Prints nothing of its own.
 import ast
@@ -294,10 +297,76 @@ def run_forked(request):
                 break
     if wait_status is None:
         wait_status = os.waitpid(pid, 0)[1]
+    clean = kill_the_rest()
+    if clean:
+        drain([fd for fd in open_fds if fd in fds])
     for fd in fds:
         os.close(fd)
-    send_artifacts(before, request["artifact_limit"])
-    send(b"D", json.dumps({"exit": status_of(wait_status)}).encode())
+    if clean:
+        send_artifacts(before, request["artifact_limit"])
+    send(b"D", json.dumps({"exit": status_of(wait_status), "clean": clean}).encode())
+
+
+def process_info(pid):
+    """(real uid, start time, state, session) of a process, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            uid = next(int(line.split()[1]) for line in handle if line.startswith("Uid:"))
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rpartition(")")[2].split()
+        return uid, fields[19], fields[0], fields[3]
+    except (OSError, StopIteration, IndexError, ValueError):
+        return None
+
+
+def processes():
+    try:
+        return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
+
+
+# What ran before this kernel (PID 1, the engine's helpers, its ancestors) is not the user's code, nor is
+# what PID 1 starts later in its own session (its sleep): the code runs in a session of its own (setsid in
+# run_forked), and no process can join another session.
+BEFORE = set()
+INIT_SESSION = []
+
+
+def note_existing():
+    for pid in processes():
+        info = process_info(pid)
+        if info is not None:
+            BEFORE.add((pid, info[1]))
+    init = process_info(1)
+    INIT_SESSION.append(init[3] if init is not None else None)
+
+
+def kill_the_rest(seconds=3.0):
+    """True once no process of this user is left besides this kernel and what predates it."""
+    deadline = time.monotonic() + seconds
+    me, uid = os.getpid(), os.getuid()
+    while True:
+        left = 0
+        for pid in processes():
+            if pid in (me, 1):
+                continue
+            info = process_info(pid)
+            if info is None or info[0] != uid or (pid, info[1]) in BEFORE or info[2] in ("Z", "X"):
+                continue
+            if info[3] == INIT_SESSION[0]:
+                continue
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            left += 1
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        if not left:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
 
 
 def fresh_main(filename):
@@ -340,6 +409,7 @@ def not_dumpable():
 
 def main():
     not_dumpable()
+    note_existing()
     prepare()
     send(b"H", json.dumps({"pid": os.getpid(), "python": sys.version.split()[0]}).encode())
     capture = None
@@ -350,7 +420,9 @@ def main():
             return
         if kind != b"R":
             continue
-        request = json.loads(payload.decode("utf-8"))
+        header, _, code = payload.partition(b"\n")
+        request = json.loads(header.decode("utf-8"))
+        request["code"] = code.decode("utf-8", errors="replace")
         if request.get("mode") == "fork":
             run_forked(request)
             continue

@@ -157,3 +157,68 @@ async def test_nothing_of_a_program_runs_on_after_it_while_its_files_are_read(re
     )
     second = await registry.execute(session.id, check, [], 60)
     assert second.stdout == "0\n", second
+
+
+# Started by the program and left running: as soon as anything reads a.txt (the collector, after the program
+# exited), it rewrites b.txt. Only a collector that runs with nothing of the program alive gets b.txt as the
+# program left it.
+REWRITER = (
+    'before=$(stat -c %x a.txt); : > /tmp/ready; while [ "$(stat -c %x a.txt)" = "$before" ]; do :; done; '
+    "echo tampered > b.txt"
+)
+LEAVES_A_REWRITER = {
+    "python": f"""
+import os, subprocess, time
+out = os.environ["OUTPUT_DIR"]
+os.makedirs(out, exist_ok=True)
+open(os.path.join(out, "a.txt"), "wb").write(b"x" * (2 << 20))
+open(os.path.join(out, "b.txt"), "w").write("final\\n")
+subprocess.Popen(["sh", "-c", {REWRITER!r}], cwd=out, start_new_session=True,
+                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+while not os.path.exists("/tmp/ready"):
+    time.sleep(0.01)
+""",
+    "javascript": f"""
+const fs = require("fs");
+const out = process.env.OUTPUT_DIR;
+fs.mkdirSync(out, {{ recursive: true }});
+fs.writeFileSync(out + "/a.txt", Buffer.alloc(2 << 20, "x"));
+fs.writeFileSync(out + "/b.txt", "final\\n");
+require("child_process").spawn("sh", ["-c", {REWRITER!r}], {{ cwd: out, detached: true, stdio: "ignore" }}).unref();
+while (!fs.existsSync("/tmp/ready")) Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 10);
+""",
+    "ruby": f"""
+out = ENV["OUTPUT_DIR"]
+Dir.mkdir(out) unless Dir.exist?(out)
+File.binwrite(File.join(out, "a.txt"), "x" * (2 << 20))
+File.write(File.join(out, "b.txt"), "final\\n")
+null = File::NULL
+Process.detach(Process.spawn("sh", "-c", {REWRITER!r}, chdir: out, pgroup: true, in: null, out: null, err: null))
+sleep 0.01 until File.exist?("/tmp/ready")
+""",
+}
+
+
+@pytest.mark.parametrize("language", sorted(LEAVES_A_REWRITER))
+async def test_a_process_left_running_is_killed_before_the_files_are_read(executor: Executor, language: str) -> None:
+    result = await executor.execute(LEAVES_A_REWRITER[language], language=language, timeout=60)
+    assert result.exit_code == 0, result
+    files = {artifact.name: artifact.data for artifact in result.artifacts}
+    assert files.get("b.txt") == b"final\n" and len(files.get("a.txt") or b"") == 2 << 20, sorted(files)
+    await still_answers(executor)
+
+
+@pytest.mark.parametrize(
+    ("language", "code"),
+    [
+        ("javascript", "require('fs').openSync(`/proc/${process.ppid}/fd/1`, 'w')"),
+        ("ruby", "File.open(\"/proc/#{Process.ppid}/fd/1\", 'w')"),
+    ],
+)
+async def test_the_warm_runners_protocol_pipe_cannot_be_opened_by_the_code(
+    executor: Executor, language: str, code: str
+) -> None:
+    result = await executor.execute(code, language=language, timeout=60)
+    assert result.exit_code != 0 and ("EACCES" in result.stderr or "Permission denied" in result.stderr), result
+    assert result.artifacts == []
+    await still_answers(executor)

@@ -59,7 +59,8 @@ class FakeKernel:
             _, size = _FRAME.unpack_from(self.inbox)
             if len(self.inbox) < _FRAME.size + size:
                 return
-            request = json.loads(bytes(self.inbox[_FRAME.size : _FRAME.size + size]))
+            header, _, code = bytes(self.inbox[_FRAME.size : _FRAME.size + size]).partition(b"\n")
+            request: dict[str, object] = {**json.loads(header), "code": code.decode()}
             del self.inbox[: _FRAME.size + size]
             self._run(request)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 import pytest
 from anyio import wait_all_tasks_blocked
 
@@ -28,3 +29,41 @@ async def test_an_item_past_its_age_is_disposed_of_and_a_fresh_one_made() -> Non
         first = await pool.acquire("python")
         await wait_all_tasks_blocked()
     assert first != 0 and 0 in disposed
+
+
+class Maker:
+    """Items are numbers, made at once; records what was made and disposed of."""
+
+    def __init__(self) -> None:
+        self.made: list[int] = []
+        self.disposed: list[int] = []
+
+    async def make(self, key: str, ahead: bool) -> int:
+        self.made.append(len(self.made))
+        return self.made[-1]
+
+    async def dispose(self, item: int) -> None:
+        self.disposed.append(item)
+
+
+async def test_a_pool_found_empty_grows_to_its_cap_and_shrinks_back_when_idle() -> None:
+    maker = Maker()
+    async with Pool(maker.make, maker.dispose, size=1, max_size=4, idle=0.2) as pool:
+        for _ in range(3):  # back to back: each call takes the pool's only ready item, or finds none
+            await pool.acquire("python")
+        await wait_all_tasks_blocked()
+        ready, making, target = pool.sizes()["python"]
+        assert (ready, making, target) == (4, 0, 4)
+        await anyio.sleep(0.5)  # idle: back to its base size, the extra items disposed of
+        await wait_all_tasks_blocked()
+        assert pool.sizes()["python"] == (1, 0, 1)
+        assert len(maker.disposed) == 3
+
+
+async def test_a_pool_grows_only_while_the_memory_budget_allows() -> None:
+    maker = Maker()
+    async with Pool(maker.make, maker.dispose, size=1, max_size=8, can_grow=lambda key: False) as pool:
+        for _ in range(3):
+            await pool.acquire("python")
+        await wait_all_tasks_blocked()
+        assert pool.sizes()["python"][0] == 1
