@@ -11,7 +11,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import PurePosixPath
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import anyio.from_thread
 import anyio.to_thread
@@ -133,29 +133,25 @@ class Threaded:
         """Run a blocking engine call on `ref` in a worker thread, for at most `bound` seconds.
 
         A cancelled caller waits for the call to return, as a call that cannot be interrupted must (whoever runs a
-        program kills it meanwhile: `stop_on_cancel`), but not past `bound`. An engine call still running then is
-        hung (an exec that never starts, a request write that never completes): the sandbox's processes are
-        killed so it can return, and the caller goes on without it (SandboxFailure, or its cancellation).
+        program kills it meanwhile: `stop_on_cancel`), but not past `bound`; a call its thread had not taken up
+        yet never runs. An engine call still running at `bound` is hung (an exec that never starts, a request
+        write that never completes): the sandbox's processes are killed so it can return, and the caller goes on
+        without it (SandboxFailure, or its cancellation).
         """
-        returned = threading.Event()
+        call = _Call(work)
         deadline = anyio.current_time() + bound
-
-        def call() -> T:
-            try:
-                return work()
-            finally:
-                returned.set()
-
         try:
             with anyio.move_on_after(bound):
-                return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+                return await anyio.to_thread.run_sync(call.run, abandon_on_cancel=True)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                left = max(0.0, deadline - anyio.current_time())
-                if not await anyio.to_thread.run_sync(returned.wait, left, abandon_on_cancel=True):
-                    await self._kill_until(ref, returned)
+                if call.started_or_give_up():
+                    left = max(0.0, deadline - anyio.current_time())
+                    if not await anyio.to_thread.run_sync(call.returned.wait, left, abandon_on_cancel=True):
+                        await self._kill_until(ref, call.returned)
             raise
-        await self._kill_until(ref, returned)
+        if call.started_or_give_up():
+            await self._kill_until(ref, call.returned)
         raise SandboxFailure(f"The {self.name} engine did not {what} within {bound:g} s")
 
     async def _kill_until(self, ref: SandboxRef, returned: threading.Event) -> None:
@@ -220,6 +216,33 @@ class ThreadedBuilder(Threaded):
         # Not bounded (a build takes minutes), but abandoned on cancellation, so that shutting down does not wait
         # for a build: the engine stops it when its connection closes with the process.
         await anyio.to_thread.run_sync(self.builder.build_image, build, relay, abandon_on_cancel=True)
+
+
+class _Call(Generic[T]):
+    """One blocking engine call handed to a worker thread, which may take it up after its caller gave up."""
+
+    def __init__(self, work: Callable[[], T]) -> None:
+        self._work = work
+        self._gate = threading.Lock()
+        self._started = False
+        self._given_up = False
+        self.returned = threading.Event()
+
+    def run(self) -> T:
+        with self._gate:
+            if self._given_up:
+                raise SandboxFailure("the engine call was given up before it started")
+            self._started = True
+        try:
+            return self._work()
+        finally:
+            self.returned.set()
+
+    def started_or_give_up(self) -> bool:
+        """True when the call is running or ran; otherwise it never will."""
+        with self._gate:
+            self._given_up = not self._started
+            return self._started
 
 
 def _into_event_loop(listener: OutputListener) -> OutputListener:

@@ -29,6 +29,7 @@ class HungEngine:
     def __init__(self) -> None:
         self.killed = threading.Event()
         self.returned = threading.Event()
+        self.calls = 0
 
     def create(self, spec: SandboxSpec, track: Callable[[str], None], /) -> str:
         track("hung-1")
@@ -46,6 +47,7 @@ class HungEngine:
         on_output: OutputListener | None,
         /,
     ) -> ExecResult:
+        self.calls += 1
         self.killed.wait(timeout=600)
         self.returned.set()
         return ExecResult(exit_code=137, stdout=b"", stderr=b"", duration_ms=0)
@@ -98,4 +100,17 @@ async def test_a_cancelled_caller_waits_for_a_hung_engine_call_only_up_to_its_bo
             await backend.exec(ref, ["sleep", "1000"], timeout=0.5)
         assert scope.cancelled_caught
     assert engine.killed.is_set(), "the hung call's sandbox processes were killed so its thread can return"
+    await backend.aclose()
+
+
+async def test_a_call_cancelled_before_its_thread_took_it_up_returns_at_once_and_never_runs() -> None:
+    engine = HungEngine()
+    backend = Threaded(engine)
+    ref = await backend.create(SandboxSpec("img", Limits()))
+    with anyio.fail_after(30):
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await backend.exec(ref, ["sleep", "1000"], timeout=300)
+    await anyio.sleep(0.2)  # a thread that had taken the call up would have run it by now
+    assert engine.calls == 0
     await backend.aclose()
