@@ -110,7 +110,7 @@ class Pool(Generic[K, T]):
         target = self._target.get(key, self._size)
         if target < self._max_size:
             self._target[key] = min(self._max_size, max(1, target * 2))
-            logger.info("Warm pool for %s grows to %d under load", key, self._target[key])
+            logger.debug("Warm pool for %s grows to %d under load", key, self._target[key])
 
     async def _shrink_idle(self) -> None:
         while True:
@@ -122,7 +122,7 @@ class Pool(Generic[K, T]):
                 self._target[key] = self._size
                 if key not in self._ready:
                     continue
-                logger.info("Warm pool for %s shrinks to %d when idle", key, self._size)
+                logger.debug("Warm pool for %s shrinks to %d when idle", key, self._size)
                 items = self._ready[key]
                 extra, self._ready[key] = items[self._size :], items[: self._size]
                 for _, item in extra:
