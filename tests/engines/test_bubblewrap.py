@@ -325,6 +325,17 @@ async def test_a_cancelled_exec_takes_its_processes_with_it(backend: HostSandbox
         assert (await backend.exec(ref, ["true"], timeout=10)).exit_code == 0
 
 
+async def test_an_exec_cancelled_at_any_point_leaves_no_process(backend: HostSandbox[Any]) -> None:
+    """Cancelled while it starts (before the gate opens), while it is confined, or while it runs."""
+    marker = f"{MARKER}{uuid.uuid4().int % 10**9}"
+    async with sandbox(backend) as ref:
+        for delay in (0, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5):
+            with anyio.move_on_after(delay):
+                await backend.exec(ref, ["sleep", marker], timeout=60)
+            await until(lambda: host_processes(marker) == [])
+        assert (await backend.exec(ref, ["true"], timeout=10)).exit_code == 0
+
+
 async def test_destroy_leaves_no_process_cgroup_or_state_behind(backend: HostSandbox[Any]) -> None:
     ref = await backend.create(SandboxSpec("host", Limits()))
     await backend.exec(ref, ["sh", "-c", f"sleep {MARKER} >/dev/null 2>&1 &"], timeout=10)

@@ -323,11 +323,13 @@ class HostSandbox(Generic[J]):
             await anyio.to_thread.run_sync(self._confine, host, box, process.pid, cpu_seconds)
             assert process.stdin is not None
             await process.stdin.send(b"\n")  # opens the gate
-        except (OSError, anyio.BrokenResourceError) as exc:
+        except BaseException as exc:
+            # Also when the caller is cancelled here: the gate never opens and would wait until destroy.
             with anyio.CancelScope(shield=True):
-                process.kill()
                 await self._reap(box, process)
-            raise SandboxFailure(f"Could not confine a process in the sandbox: {exc}") from exc
+            if isinstance(exc, (OSError, anyio.BrokenResourceError)):
+                raise SandboxFailure(f"Could not confine a process in the sandbox: {exc}") from exc
+            raise
         return process
 
     def _confine(self, host: HostInfo[J], box: Sandbox, pid: int, cpu_seconds: int | None) -> None:
@@ -355,6 +357,9 @@ class HostSandbox(Generic[J]):
 
     async def _reap(self, box: Sandbox, process: Process) -> None:
         if process.returncode is None:  # the caller was cancelled: the exec's own processes go too
+            # The whole group: nsenter's forked child may not have armed its parent-death signal yet.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
         with anyio.move_on_after(_DRAIN_SECONDS):
