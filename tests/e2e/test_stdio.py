@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.docker]
 
 # scripts/test points this at the console script installed from the built wheel.
 SCRIPT = os.environ.get("LLM_SANDBOX_MCP_COMMAND") or str(Path(sys.executable).parent / "llm-sandbox-mcp")
-ENV = {"SANDBOX_INSTALL_NETWORK_MODE": "host", "SANDBOX_LOG_LEVEL": "WARNING"}
+ENV = {"SANDBOX_LOG_LEVEL": "WARNING"}  # installers as a user has them: through the egress proxy
 if Path(HOST_CA_BUNDLE).is_file():
     ENV["SANDBOX_INSTALL_CA_BUNDLE"] = HOST_CA_BUNDLE
 
