@@ -147,10 +147,13 @@ def test_bad_configuration_exits_2_with_one_line_per_variable() -> None:
 
 
 def test_doctor_reports_the_configured_backend(docker_required: None) -> None:
-    completed = subprocess.run([SCRIPT, "doctor"], capture_output=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+    env = {"PATH": "/usr/bin:/bin", "SANDBOX_POOL_SIZE": "3", "SANDBOX_MEMORY_BUDGET": "3g"}
+    completed = subprocess.run([SCRIPT, "doctor"], capture_output=True, timeout=120, env=env)
     out = completed.stdout.decode()
     assert completed.returncode == 0, out
     assert "docker      ok" in out and "configured backend: docker (usable; BACKEND=auto chose docker" in out
+    pool = next(line for line in out.splitlines() if line.startswith("pool: "))
+    assert pool.startswith("pool: 3 warm sandbox(es)") and "all sandboxes together 3072 MiB" in pool
 
 
 def test_doctor_fails_when_the_engine_is_unreachable() -> None:
