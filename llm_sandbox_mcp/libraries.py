@@ -68,11 +68,17 @@ def _decode(data: bytes) -> str:
 
 
 def _refusals(listener: EgressListener | None) -> str:
-    """The hosts the proxy refused this installer, and the setting that allows them, for the install error."""
-    if listener is None or not listener.refused:
+    """The hosts the proxy refused this installer (and the setting that allows them) or could not reach, for
+    the install error."""
+    if listener is None:
         return ""
-    shown = "; ".join(refusal.message(INSTALL_SETTING) for refusal in listener.refused[:5])
-    return f"The installer's egress proxy refused: {shown}. "
+    said = ""
+    if listener.refused:
+        refused = "; ".join(refusal.message(INSTALL_SETTING) for refusal in listener.refused[:5])
+        said += f"The installer's egress proxy refused: {refused}. "
+    if listener.unreachable:
+        said += f"The installer's egress proxy could not reach: {'; '.join(listener.unreachable[:5])}. "
+    return said
 
 
 def installer_policy(settings: Settings, lang: Language) -> EgressPolicy:

@@ -42,6 +42,8 @@ class EgressListener:
     label: str
     directory: Path
     refused: list[Refusal] = field(default_factory=lambda: [])
+    # Allowed hosts the proxy could not reach (answered 502), for the install error.
+    unreachable: list[str] = field(default_factory=lambda: [])
     connections: int = 0
     refusals: int = 0
     _server: asyncio.AbstractServer | None = None
@@ -65,11 +67,18 @@ class EgressListener:
     def _refuse(self, refusal: Refusal) -> None:
         self.refusals += 1
         if self.refusals <= MAX_LOGGED_REFUSALS:
-            logger.warning("Egress refused for %s: %s", self.label, refusal.message(self.policy.setting))
+            logger.warning("Egress refused for %s: %s", self.label, refusal.logged(self.policy.setting))
         if self.refusals == MAX_LOGGED_REFUSALS:
             logger.warning("Egress: further refusals for %s are not logged", self.label)
         if len(self.refused) < _MAX_REFUSALS and refusal not in self.refused:
             self.refused.append(refusal)
+
+    async def _unreachable(self, writer: asyncio.StreamWriter, request: Request, why: str) -> None:
+        logger.warning("Egress for %s: %s:%d %s", self.label, request.host, request.port, why)
+        target = f"{request.host}:{request.port} ({why})"
+        if len(self.unreachable) < _MAX_REFUSALS and target not in self.unreachable:
+            self.unreachable.append(target)
+        await _answer(writer, 502, f"{request.host}:{request.port}: {why}")
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -151,7 +160,7 @@ class EgressListener:
                 return await asyncio.wait_for(connecting, CONNECT_SECONDS)
             except (OSError, asyncio.TimeoutError):
                 continue
-        await _answer(writer, 502, f"could not connect to {request.host}:{request.port}")
+        await self._unreachable(writer, request, "could not be connected to")
         return None
 
     async def _through_upstream(
@@ -162,7 +171,7 @@ class EgressListener:
             connecting = asyncio.open_connection(upstream.host, upstream.port, limit=MAX_HEAD)
             far_reader, far_writer = await asyncio.wait_for(connecting, CONNECT_SECONDS)
         except (OSError, asyncio.TimeoutError):
-            await _answer(writer, 502, f"could not reach the upstream proxy for {request.host}:{request.port}")
+            await self._unreachable(writer, request, "the upstream proxy could not be reached")
             return None
         if not request.tunnel:
             far_writer.write(upstream.with_credentials(request.absolute_head))
@@ -174,7 +183,7 @@ class EgressListener:
             answer = b""
         if answer.split(b" ", 2)[1:2] != [b"200"]:
             far_writer.close()
-            await _answer(writer, 502, f"the upstream proxy did not open {request.host}:{request.port}")
+            await self._unreachable(writer, request, "the upstream proxy did not open it")
             return None
         return far_reader, far_writer
 
