@@ -10,12 +10,15 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import shutil
 import socket
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llm_sandbox_mcp.backends._owner import process_start
 from llm_sandbox_mcp.egress.policy import EgressPolicy, HostRule, Refusal, ip_literal
 from llm_sandbox_mcp.egress.request import MAX_HEAD, BadRequest, Request, parse_head
 from llm_sandbox_mcp.egress.upstream import Upstream, upstream_for
@@ -30,6 +33,8 @@ CONNECT_SECONDS = 20.0
 IDLE_SECONDS = 300.0
 _CHUNK = 64 * 1024
 _MAX_REFUSALS = 20
+_DIRECTORY_PREFIX = "llm-sandbox-egress-"
+_swept = False
 # A sandbox that floods the proxy must not flood the server's log.
 MAX_LOGGED_REFUSALS = 200
 
@@ -231,9 +236,33 @@ async def _splice(
         await asyncio.gather(*pipes, return_exceptions=True)
 
 
+def _directory_prefix() -> str:
+    """Socket directories carry their server's pid and start time, so those of a server that is gone are known."""
+    pid = os.getpid()
+    return f"{_DIRECTORY_PREFIX}{pid}.{process_start(pid)}-"
+
+
+def sweep_stale_directories(root: Path) -> None:
+    """Remove the socket directories that servers on this host left behind when they were killed."""
+    for entry in root.glob(f"{_DIRECTORY_PREFIX}*"):
+        owner = re.fullmatch(rf"{_DIRECTORY_PREFIX}(\d+)\.(\d+)-\w+", entry.name)
+        try:
+            info = entry.lstat()
+        except OSError:
+            continue
+        if owner is None or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+            continue
+        if process_start(int(owner[1])) != owner[2]:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
 async def open_listener(policy: EgressPolicy, label: str) -> EgressListener:
     """Listen for one sandbox on a new socket; the caller mounts `directory` into it and closes the listener."""
-    directory = Path(tempfile.mkdtemp(prefix="llm-sandbox-egress-"))
+    global _swept
+    if not _swept:
+        _swept = True
+        await asyncio.to_thread(sweep_stale_directories, Path(tempfile.gettempdir()))
+    directory = Path(tempfile.mkdtemp(prefix=_directory_prefix()))
     # The sandbox user (any uid) reaches the socket: traversal only on the directory, connect on the socket.
     os.chmod(directory, 0o711)
     listener = EgressListener(policy, label, directory)
