@@ -101,6 +101,25 @@ def host_sandboxes(server_pid: int) -> list[dict[str, int]]:
     return found
 
 
+def container_memory(backend: str, container: Any) -> dict[str, int]:
+    if backend == "podman":  # libpod's own stats: usage as `podman stats` shows it
+        stats: dict[str, Any] = container.stats(stream=False, decode=True)
+        usage = int(stats["Stats"][0]["MemUsage"])
+        top = container.top(ps_args="pid,rss")
+    else:  # as `docker stats` shows it: without the inactive page cache the kernel reclaims first
+        memory = container.stats(stream=False).get("memory_stats", {})
+        inner: dict[str, Any] = memory.get("stats", {})
+        inactive = int(inner.get("total_inactive_file", inner.get("inactive_file", 0)))
+        usage = int(memory.get("usage", 0)) - inactive
+        top = container.top(ps_args="-o pid,rss")
+    titles = top.get("Titles", [])
+    column = titles.index("RSS") if "RSS" in titles else None
+    resident = 0
+    if column is not None:
+        resident = sum(int(row[column]) * 1024 for row in top.get("Processes", []) if row[column].isdigit())
+    return {"charged": usage, "rss": resident}
+
+
 def engine_sandboxes(backend: str, server_pid: int) -> list[dict[str, int]]:
     """Docker and Podman: the engine's own accounting of each container of this server."""
     if backend == "podman":
@@ -114,22 +133,10 @@ def engine_sandboxes(backend: str, server_pid: int) -> list[dict[str, int]]:
     found: list[dict[str, int]] = []
     try:
         for container in client.containers.list(filters={"label": f"{PID}={server_pid}"}):
-            if backend == "podman":  # libpod's own stats: usage as `podman stats` shows it
-                stats: dict[str, Any] = container.stats(stream=False, decode=True)
-                usage = int(stats["Stats"][0]["MemUsage"])
-                top = container.top(ps_args="pid,rss")
-            else:  # as `docker stats` shows it: without the inactive page cache the kernel reclaims first
-                memory = container.stats(stream=False).get("memory_stats", {})
-                inner: dict[str, Any] = memory.get("stats", {})
-                inactive = int(inner.get("total_inactive_file", inner.get("inactive_file", 0)))
-                usage = int(memory.get("usage", 0)) - inactive
-                top = container.top(ps_args="-o pid,rss")
-            titles = top.get("Titles", [])
-            column = titles.index("RSS") if "RSS" in titles else None
-            resident = 0
-            if column is not None:
-                resident = sum(int(row[column]) * 1024 for row in top.get("Processes", []) if row[column].isdigit())
-            found.append({"charged": usage, "rss": resident})
+            try:
+                found.append(container_memory(backend, container))
+            except Exception:  # a sandbox the pool disposed of meanwhile
+                continue
     finally:
         client.close()
     return found
