@@ -122,6 +122,7 @@ class Settings(BaseSettings):
     sandbox_memory_budget: Size | None = None
     sandbox_cache_max_size: Size = 4 * 1024**3
     sandbox_cache_total_size: Size = 20 * 1024**3
+    sandbox_build_cache_size: Size = 256 * 1024**2
     sandbox_install_network_mode: str | None = None
     sandbox_install_allow_hosts: HostList = Field(default_factory=lambda: [])
     sandbox_install_ca_bundle: Path | None = None
