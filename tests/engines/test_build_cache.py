@@ -7,7 +7,7 @@ hit finds ./main (written by the supervisor) older than or as old as the source 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 
 import pytest
@@ -78,7 +78,7 @@ int main() {
 
 
 @asynccontextmanager
-async def cache_of(backend: RecordingBackend, engine: str, size: str = "256m") -> AsyncIterator[Executor]:
+async def cache_of(backend: RecordingBackend, engine: str, size: str = "256m") -> AsyncGenerator[Executor]:
     async with Executor(engine_settings(engine, sandbox_build_cache_size=size), backend) as executor:
         yield executor
 
