@@ -102,6 +102,15 @@ async def test_a_program_already_built_is_run_without_a_build(
         assert (other.exit_code, other.stdout) == (0, "built\nhello\n"), other.stderr
 
 
+async def test_the_same_source_with_other_libraries_is_another_program(backend: RecordingBackend, engine: str) -> None:
+    async with cache_of(backend, engine) as executor:
+        plain = await executor.execute(WHICH["cpp"], "cpp", timeout=120)
+        with_fmt = await executor.execute(WHICH["cpp"], "cpp", ["libfmt-dev"], timeout=300)
+        again = await executor.execute(WHICH["cpp"], "cpp", ["libfmt-dev"], timeout=120)
+        assert [plain.stdout, with_fmt.stdout, again.stdout] == ["built\nhello\n", "built\nhello\n", "cached\nhello\n"]
+        assert (executor.builds.stores, executor.builds.hits) == (2, 1)
+
+
 async def test_what_a_program_does_cannot_change_what_the_next_identical_call_runs(
     backend: RecordingBackend, engine: str
 ) -> None:
