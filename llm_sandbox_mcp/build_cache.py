@@ -30,6 +30,8 @@ MAX_BINARY = 64 * 1024**2
 MAX_ENTRIES = 256
 # The PATH sandboxes of host-runtime backends (bubblewrap, NsJail) find the compiler on.
 _HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The host's package databases: any package installed, upgraded or removed (headers too) changes them.
+_PACKAGE_DATABASES = ("/var/lib/dpkg/status", "/var/lib/rpm/rpmdb.sqlite", "/lib/apk/db/installed")
 # How long an image's id or a host compiler's identity is trusted before it is looked up again.
 _IDENTITY_SECONDS = 5.0
 # Sources whose build differs from one build to the next, or reads files from outside the workspace.
@@ -135,10 +137,15 @@ class BuildCache:
 
 
 def _host_file(executable: str) -> str:
-    """The host file an executable resolves to, with what changes when a package upgrade replaces it."""
+    """The host file an executable resolves to and the host's package database, each with what changes when
+    it is replaced or rewritten (a compiler upgrade, a header package installed)."""
     found = shutil.which(executable, path=_HOST_PATH)
-    if found is None:
-        return ""
-    path = os.path.realpath(found)
-    info = os.stat(path)
-    return f"{path}:{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
+    files = [os.path.realpath(found)] if found is not None else []
+    parts: list[str] = []
+    for path in [*files, *_PACKAGE_DATABASES]:
+        try:
+            info = os.stat(path)
+        except OSError:
+            continue
+        parts.append(f"{path}:{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}")
+    return ";".join(parts)

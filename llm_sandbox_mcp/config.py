@@ -52,7 +52,7 @@ def parse_size(value: object) -> int:
     return size
 
 
-def _size_or_zero(value: object) -> int:
+def parse_size_or_zero(value: object) -> int:
     """A size, or 0 (what turns a cache off)."""
     if not isinstance(value, bool) and str(value).strip() == "0":
         return 0
@@ -88,7 +88,7 @@ CommaList = Annotated[list[str], NoDecode, BeforeValidator(_split_commas)]
 HostList = Annotated[list[str], NoDecode, BeforeValidator(_split_commas), AfterValidator(_hosts)]
 KeyValues = Annotated[dict[str, str], NoDecode, BeforeValidator(_split_pairs)]
 Size = Annotated[int, BeforeValidator(parse_size)]
-SizeOrZero = Annotated[int, BeforeValidator(_size_or_zero)]
+SizeOrZero = Annotated[int, BeforeValidator(parse_size_or_zero)]
 
 
 class Settings(BaseSettings):

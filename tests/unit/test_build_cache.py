@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pytest
 
+from llm_sandbox_mcp import build_cache
 from llm_sandbox_mcp.backends import ImageInfo
 from llm_sandbox_mcp.build_cache import MAX_BINARY, MAX_ENTRIES, BuildCache
+from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.kernel import Kernel
 from llm_sandbox_mcp.languages import get_language
 from llm_sandbox_mcp.models import CacheMount, ExecResult, Limits, SandboxRef, SandboxSpec
@@ -38,6 +41,14 @@ class Images(FakeBackend):
         raise NotImplementedError
 
 
+@dataclass
+class HostRuntimes(FakeBackend):
+    """A backend that runs the host's own runtimes (as bubblewrap and NsJail do)."""
+
+    def missing_runtime(self, executable: str) -> str | None:
+        return None
+
+
 def test_least_recently_used_binaries_go_first_once_over_the_size() -> None:
     cache = BuildCache(FakeBackend(), size=300)
     for name in "abc":
@@ -63,6 +74,17 @@ def test_a_binary_over_the_limit_or_empty_is_not_kept_and_replacing_one_keeps_th
     assert (len(cache), cache.bytes, cache.get("k")) == (1, 20, b"2" * 20)
     cache.forget("k")
     assert (len(cache), cache.bytes) == (0, 0)
+
+
+def test_the_setting_takes_a_size_or_zero_and_nothing_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings().sandbox_build_cache_size == 256 * 1024**2
+    for value, size in (("0", 0), ("64m", 64 * 1024**2), ("1Gi", 1024**3)):
+        monkeypatch.setenv("SANDBOX_BUILD_CACHE_SIZE", value)
+        assert Settings().sandbox_build_cache_size == size
+    for bad in ("-1", "lots", "true"):
+        monkeypatch.setenv("SANDBOX_BUILD_CACHE_SIZE", bad)
+        with pytest.raises(ValueError, match="sandbox_build_cache_size"):
+            Settings()
 
 
 async def test_size_zero_turns_the_cache_off() -> None:
@@ -99,6 +121,24 @@ async def test_the_key_changes_with_everything_the_build_depends_on() -> None:
     cache._identities.clear()  # pyright: ignore[reportPrivateUsage]
     assert await cache.key(GO, SPEC, SOURCE) != base
     assert await cache.key(GO, SPEC, SOURCE) == await cache.key(GO, SPEC, SOURCE)
+
+
+async def test_on_host_runtimes_another_compiler_file_is_another_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compiler = tmp_path / "go"
+    compiler.write_text("#!/bin/sh\n")
+    compiler.chmod(0o755)
+    monkeypatch.setattr(build_cache, "_HOST_PATH", str(tmp_path))
+    cache = BuildCache(HostRuntimes(), size=10**6)
+    before = await cache.key(GO, SPEC, SOURCE)
+    assert await cache.key(GO, SPEC, SOURCE) == before
+    replacement = tmp_path / "go.new"
+    replacement.write_text("#!/bin/sh\n# upgraded\n")
+    replacement.chmod(0o755)
+    replacement.replace(compiler)  # as a package upgrade does
+    cache._identities.clear()  # pyright: ignore[reportPrivateUsage]
+    assert await cache.key(GO, SPEC, SOURCE) != before
 
 
 LIMIT = 1000
