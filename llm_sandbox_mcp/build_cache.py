@@ -45,6 +45,8 @@ class Plan:
 
     key: str | None
     binary: bytes | None = None
+    # The largest binary this build may hand over.
+    limit: int = 0
 
     @property
     def mode(self) -> str:
@@ -78,7 +80,9 @@ class BuildCache:
             return Plan(None)
         key = await self.key(lang, spec, source)
         binary = self.get(key) if lookup else None
-        return Plan(key, binary)
+        # A hit holds the binary in the runner's memory and the workspace while it is written: a binary too
+        # large for the sandbox's memory would end the run there instead of running it.
+        return Plan(key, binary, min(self.limit, spec.limits.memory_bytes // 8))
 
     async def key(self, lang: Language, spec: SandboxSpec, source: bytes) -> str:
         identity = [
@@ -100,9 +104,9 @@ class BuildCache:
             self.hits += 1
         return binary
 
-    def put(self, key: str, binary: bytes) -> bool:
-        """Keep `binary`; False when it is empty or larger than one entry may be."""
-        if not binary or len(binary) > self.limit:
+    def put(self, key: str, binary: bytes, limit: int | None = None) -> bool:
+        """Keep `binary`; False when it is empty or larger than one entry (or `limit`) may be."""
+        if not binary or len(binary) > min(self.limit, self.limit if limit is None else limit):
             return False
         self.forget(key)
         self._entries[key] = binary

@@ -249,7 +249,7 @@ class Executor:
                 artifact_limit=self.settings.sandbox_artifact_limit,
                 live=live,
                 binary=plan.binary if plan is not None else None,
-                build_limit=self.builds.limit if plan is not None and plan.mode == "capture" else 0,
+                build_limit=plan.limit if plan is not None and plan.mode == "capture" else 0,
             )
             if plan is not None:
                 self._keep_build(plan, kernel, result)
@@ -299,7 +299,7 @@ class Executor:
                 self.builds.forget(plan.key)
                 raise _StaleBinary
         elif kernel.built is not None:
-            self.builds.put(plan.key, kernel.built)
+            self.builds.put(plan.key, kernel.built, plan.limit)
 
     async def probe(self, lang: Language) -> tuple[str, dict[str, str]]:
         """The runtime version the configured image really has, and the versions of the project image's

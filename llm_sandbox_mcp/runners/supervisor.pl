@@ -164,6 +164,7 @@ exit 0 unless $kind eq "R";
 my $payload = read_exactly($size);
 my ($header, $program) = split /\n/, $payload, 2;
 $program //= "";
+undef $payload;  # a binary ahead of the program can be large: one copy is enough
 my $budget = $header =~ /"artifact_limit"\s*:\s*(\d+)/ ? $1 : 0;
 my $build_limit = $header =~ /"build_limit"\s*:\s*(\d+)/ ? $1 : 0;
 my $binary = $header =~ /"binary"\s*:\s*(\d+)/ ? $1 : 0;

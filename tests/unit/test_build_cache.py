@@ -70,6 +70,7 @@ def test_a_binary_over_the_limit_or_empty_is_not_kept_and_replacing_one_keeps_th
     assert BuildCache(FakeBackend(), size=10**12).limit == MAX_BINARY
     cache = BuildCache(FakeBackend(), size=1000)
     assert not cache.put("big", b"x" * 1001) and not cache.put("empty", b"")
+    assert not cache.put("over-its-sandboxs-share", b"x" * 11, limit=10)
     assert cache.put("k", b"1" * 10) and cache.put("k", b"2" * 20)
     assert (len(cache), cache.bytes, cache.get("k")) == (1, 20, b"2" * 20)
     cache.forget("k")
@@ -96,6 +97,9 @@ async def test_a_hit_a_build_to_keep_and_sources_that_are_never_kept() -> None:
     cache = BuildCache(FakeBackend(), size=10**6)
     miss = await cache.plan(GO, SPEC, SOURCE)
     assert miss.mode == "capture" and miss.key is not None
+    # A binary runs in the sandbox's memory: one larger than an eighth of it is not kept for that sandbox.
+    small = replace(SPEC, limits=replace(SPEC.limits, memory_bytes=64 * 1024**2))
+    assert miss.limit == 10**6 and (await BuildCache(FakeBackend(), 10**9).plan(GO, small, SOURCE)).limit == 8 * 1024**2
     cache.put(miss.key, b"\x7fELF")
     assert (await cache.plan(GO, SPEC, SOURCE)).mode == "built"
     assert (await cache.plan(GO, SPEC, SOURCE, lookup=False)).mode == "capture"
