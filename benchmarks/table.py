@@ -1,7 +1,7 @@
 """The speed table: every language paced and back to back, parallel throughput, start and stop, and the
 physical floor of this machine measured in the same run.
 
-    BACKEND=docker python benchmarks/table.py [--runs 10] [--warmup 2] [--json out.json]
+    BACKEND=docker python benchmarks/table.py [--runs 10] [--warmup 2] [--json out.json] [--only go --only cpp]
 
 Drives the installed `llm-sandbox-mcp` (beside this Python) over stdio with the official client, as a user's
 client would. Paced calls are one second apart (an agent thinking; the pool refills meanwhile); back-to-back
@@ -42,6 +42,11 @@ HELLO: dict[str, dict[str, Any]] = {
     "go hello": {"language": "go", "code": 'package main\nimport "fmt"\nfunc main() { fmt.Println("hello") }\n'},
     "cpp hello": {"language": "cpp", "code": '#include <iostream>\nint main() { std::cout << "hello\\n"; }\n'},
 }
+# Compiled hellos are measured twice: built on every call (each call's source ends in its own comment, so the
+# server's build cache never has it) and already built (the same source again: the cache runs it unbuilt).
+for _language in ("go", "cpp"):
+    HELLO[f"{_language} hello, already built"] = HELLO[f"{_language} hello"]
+BUILT_EACH_CALL = {"go hello", "cpp hello"}
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -69,10 +74,13 @@ async def timed_call(client: Client, arguments: dict[str, Any]) -> float:
     return elapsed
 
 
-async def latencies(client: Client, arguments: dict[str, Any], runs: int, warmup: int, interval: float) -> list[float]:
+async def latencies(
+    client: Client, arguments: dict[str, Any], runs: int, warmup: int, interval: float, vary: bool = False
+) -> list[float]:
     samples: list[float] = []
     for i in range(warmup + runs):
-        elapsed = await timed_call(client, arguments)
+        call = {**arguments, "code": f"{arguments['code']}// call {time.time_ns()}\n"} if vary else arguments
+        elapsed = await timed_call(client, call)
         if i >= warmup:
             samples.append(elapsed)
         await anyio.sleep(interval)
@@ -145,7 +153,7 @@ def floor(runs: int) -> dict[str, float]:
     return found
 
 
-async def measure(runs: int, warmup: int) -> dict[str, Any]:
+async def measure(runs: int, warmup: int, only: list[str]) -> dict[str, Any]:
     report: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
         "backend": os.environ.get("BACKEND", "auto"),
@@ -163,9 +171,12 @@ async def measure(runs: int, warmup: int) -> dict[str, Any]:
     report["shutdown_ms"] = round(statistics.median(stopped), 1)
     async with Client(server()) as client:
         for name, arguments in HELLO.items():
+            if only and not any(word in name for word in only):
+                continue
             try:
-                paced = await latencies(client, arguments, runs, warmup, interval=1.0)
-                back_to_back = await latencies(client, arguments, runs, 0, interval=0.0)
+                vary = name in BUILT_EACH_CALL
+                paced = await latencies(client, arguments, runs, warmup, interval=1.0, vary=vary)
+                back_to_back = await latencies(client, arguments, runs, 0, interval=0.0, vary=vary)
             except SystemExit as exc:  # one failing scenario is reported, the others still measured
                 report["scenarios"][name] = {"failed": str(exc)[:300]}
                 continue
@@ -206,8 +217,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the report here")
+    parser.add_argument("--only", action="append", default=[], help="measure only scenarios whose name has this")
     args = parser.parse_args()
-    report = anyio.run(measure, args.runs, args.warmup)
+    report = anyio.run(measure, args.runs, args.warmup, args.only)
     sys.stdout.write(table(report) + "\n")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
