@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import anyio
 
-from llm_sandbox_mcp.backends import Backend, SandboxProcess, stop_on_cancel
+from llm_sandbox_mcp.backends import Backend, stop_on_cancel
 from llm_sandbox_mcp.budget import MemoryBudget
 from llm_sandbox_mcp.cache_index import CacheEntry, CacheIndex, over_total
 from llm_sandbox_mcp.config import Settings
@@ -27,7 +27,8 @@ from llm_sandbox_mcp.egress.registries import (
     configured_rules,
     url_rules,
 )
-from llm_sandbox_mcp.egress.relay import proxy_env, start_relay
+from llm_sandbox_mcp.egress.relay import Relay, proxy_env, start_relay
+from llm_sandbox_mcp.egress.tunnel import Tunnels
 from llm_sandbox_mcp.errors import InstallFailed, SandboxFailure
 from llm_sandbox_mcp.languages import LANGUAGES, Language, install_env, sandbox_env
 from llm_sandbox_mcp.models import EGRESS_NETWORK, LIBS_DIR, CacheMount, Limits, SandboxRef, SandboxSpec
@@ -108,11 +109,14 @@ def egress_report(settings: Settings, install_network: str) -> list[str]:
 class LibraryCache:
     """Library stores on one backend; each is installed at most once per server."""
 
-    def __init__(self, settings: Settings, backend: Backend, limits: Limits, budget: MemoryBudget) -> None:
+    def __init__(
+        self, settings: Settings, backend: Backend, limits: Limits, budget: MemoryBudget, tunnels: Tunnels
+    ) -> None:
         self.settings = settings
         self.backend = backend
         self.limits = limits
         self.budget = budget
+        self.tunnels = tunnels
         self._locks: defaultdict[str, anyio.Lock] = defaultdict(anyio.Lock)
         # Store -> when this server last found it complete (monotonic); rechecked after a while, since a
         # server elsewhere on this host may have evicted it meanwhile.
@@ -125,8 +129,8 @@ class LibraryCache:
         return bool(specs) or lang.warm_cache
 
     def network(self) -> str:
-        """The installer's network: as configured, else what this engine offers installers (on every engine
-        but Kubernetes: EGRESS_NETWORK, no network but the proxy)."""
+        """The installer's network: as configured, else what this engine offers installers (EGRESS_NETWORK: no
+        network but the proxy)."""
         return self.settings.sandbox_install_network_mode or self.backend.install_network
 
     def key(self, lang: Language, specs: list[str]) -> str:
@@ -263,15 +267,13 @@ class LibraryCache:
             )
         await self.backend.exec(ref, ["touch", _COMPLETE], timeout=30)
 
-    async def _egress(
-        self, ref: SandboxRef, lang: Language, env: dict[str, str], listener: EgressListener
-    ) -> SandboxProcess:
+    async def _egress(self, ref: SandboxRef, lang: Language, env: dict[str, str], listener: EgressListener) -> Relay:
         """The installer's way out: its registries allowed, the relay to the proxy started, `env` pointed at it."""
         if needs_defaults(self.settings, lang):
             defaults = await self._default_rules(ref, lang, env)
             listener.policy = EgressPolicy.of([*listener.policy.rules, *defaults], INSTALL_SETTING)
         try:
-            relay = await start_relay(self.backend, ref)
+            relay = await start_relay(self.backend, ref, listener, self.tunnels)
         except SandboxFailure as exc:
             raise InstallFailed(f"Could not start the library installer's network: {exc}") from exc
         env.update(proxy_env())

@@ -35,14 +35,14 @@ from tests.support.registries import (
 pytestmark = pytest.mark.anyio
 
 # The client-side proxy support differs per package manager, so every language is installed on one engine;
-# the engine's part (network none, the socket mount, the relay) is the same for every language, so the other
-# engines install one.
+# the engine's part (network none, the socket mount or Kubernetes' tunnel, the relay) is the same for every
+# language, so the other engines install one.
 CASES = [
     pytest.param("docker", language, marks=pytest.mark.docker, id=f"docker-{language}")
     for language in ("python", "javascript", "go", "ruby", "java", "r")
 ] + [
     pytest.param(engine, "python", marks=getattr(pytest.mark, engine), id=f"{engine}-python")
-    for engine in ("podman", "bubblewrap", "nsjail")
+    for engine in ("podman", "bubblewrap", "nsjail", "kubernetes")
 ]
 
 
@@ -169,7 +169,8 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
 
 
 @pytest.mark.parametrize(
-    "engine", [pytest.param(e, marks=getattr(pytest.mark, e)) for e in ("docker", "bubblewrap", "nsjail")]
+    "engine",
+    [pytest.param(e, marks=getattr(pytest.mark, e)) for e in ("docker", "bubblewrap", "nsjail", "kubernetes")],
 )
 async def test_a_session_reaches_its_hosts_and_nothing_else(
     request: pytest.FixtureRequest, registries: Registries, engine: str

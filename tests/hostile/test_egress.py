@@ -19,6 +19,7 @@ import pytest
 
 from llm_sandbox_mcp.egress import EgressListener, EgressPolicy, HostRule, open_listener
 from llm_sandbox_mcp.egress.relay import RELAY_PORT, proxy_env, start_relay
+from llm_sandbox_mcp.egress.tunnel import Tunnels
 from llm_sandbox_mcp.models import Limits, SandboxRef, SandboxSpec
 from tests.engines.conftest import RecordingBackend, engine_settings
 from tests.support.connects import recorded
@@ -112,8 +113,6 @@ def servers() -> Iterator[tuple[Server, Server]]:
 async def egress_sandbox(
     backend: RecordingBackend, engine: str, servers: tuple[Server, Server]
 ) -> AsyncIterator[tuple[RecordingBackend, EgressListener, SandboxRef]]:
-    if engine == "kubernetes":
-        pytest.skip("Kubernetes sandboxes do not reach the egress proxy (see README, Egress)")
     name, _ = loopback_name()
     allowed, _ = servers
     rules = [HostRule.parse(f"{name}:{allowed.port}", explicit=True), HostRule.parse("*.test:443", explicit=False)]
@@ -125,11 +124,12 @@ async def egress_sandbox(
     try:
         ref = await backend.create(spec)
         try:
-            relay = await start_relay(backend, ref)
-            try:
-                yield backend, listener, ref
-            finally:
-                await relay.aclose()
+            async with Tunnels() as tunnels:
+                relay = await start_relay(backend, ref, listener, tunnels)
+                try:
+                    yield backend, listener, ref
+                finally:
+                    await relay.aclose()
         finally:
             await backend.destroy(ref)
     finally:
