@@ -49,8 +49,15 @@ _RECEIVE_SECONDS = 5.0
 @dataclass
 class _Stream:
     id: int
+    # What the relay sent, on its way to the proxy connection (the reader puts, the stream's task takes).
     inbox: MemoryObjectSendStream[bytes]
+    queued: MemoryObjectReceiveStream[bytes]
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+
+    def close(self) -> None:
+        self.scope.cancel()
+        self.inbox.close()
+        self.queued.close()
 
 
 class Tunnel:
@@ -83,6 +90,8 @@ class Tunnel:
         except Exception:  # background work never ends the server
             logger.exception("The egress tunnel of %s failed", self._label)
         finally:
+            for stream in self._streams.values():
+                stream.close()  # also those whose task never started
             self._streams.clear()
             # Ended by itself (the relay's end, a broken frame): the relay's stream goes too, so the relay,
             # which ends at the end of its input, frees its port for the next one.
@@ -131,10 +140,9 @@ class Tunnel:
             if len(self._streams) >= MAX_STREAMS:
                 await self._send(CLOSE, stream_id)
                 return
-            inbox, queued = anyio.create_memory_object_stream[bytes](INBOX_FRAMES)
-            stream = _Stream(stream_id, inbox)
+            stream = _Stream(stream_id, *anyio.create_memory_object_stream[bytes](INBOX_FRAMES))
             self._streams[stream_id] = stream
-            tasks.start_soon(self._serve, stream, queued)
+            tasks.start_soon(self._serve, stream)
         elif stream is None:
             return
         elif kind == DATA:
@@ -154,23 +162,21 @@ class Tunnel:
             self._forget(stream)
 
     def _forget(self, stream: _Stream) -> None:
-        stream.scope.cancel()
+        stream.close()
         if self._streams.get(stream.id) is stream:
             del self._streams[stream.id]
 
-    async def _serve(self, stream: _Stream, queued: MemoryObjectReceiveStream[bytes]) -> None:
+    async def _serve(self, stream: _Stream) -> None:
         try:
             with stream.scope:
                 with anyio.fail_after(CONNECT_SECONDS):
                     connection = await anyio.connect_unix(self._socket_path)
                 async with connection, anyio.create_task_group() as both:
-                    both.start_soon(_upward, queued, connection)
+                    both.start_soon(_upward, stream.queued, connection)
                     await self._downward(stream.id, connection)
         except Exception as exc:  # hostile input must never end anything but its own stream
             logger.debug("Egress tunnel stream %d of %s ended: %r", stream.id, self._label, exc)
         finally:
-            queued.close()
-            stream.inbox.close()
             self._forget(stream)
         with contextlib.suppress(SandboxFailure):
             await self._send(CLOSE, stream.id)
