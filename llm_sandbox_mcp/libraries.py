@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import anyio
 
-from llm_sandbox_mcp.backends import Backend, stop_on_cancel
+from llm_sandbox_mcp.backends import Backend, EgressTransport, stop_on_cancel
 from llm_sandbox_mcp.budget import MemoryBudget
 from llm_sandbox_mcp.cache_index import CacheEntry, CacheIndex, over_total
 from llm_sandbox_mcp.config import Settings
@@ -78,9 +78,15 @@ def needs_defaults(settings: Settings, lang: Language) -> bool:
     return lang.name in DEFAULT_REGISTRY_COMMANDS and unset
 
 
-def egress_report(settings: Settings, install_network: str) -> list[str]:
+def egress_report(settings: Settings, install_network: str, transport: EgressTransport = "socket") -> list[str]:
     """`doctor`'s lines: what each kind of sandbox may reach with these settings on this engine."""
     lines = [f"code sandboxes: network {settings.sandbox_network_mode!r} (SANDBOX_NETWORK_MODE)"]
+    if install_network == EGRESS_NETWORK:
+        lines.append(
+            "path to the proxy: a tunnel over the relay's exec stream (the pods stay under the deny-all NetworkPolicy)"
+            if transport == "tunnel"
+            else "path to the proxy: its UNIX socket, mounted into the sandbox (which has no network)"
+        )
     network = settings.sandbox_install_network_mode or install_network
     if network != EGRESS_NETWORK:
         origin = "SANDBOX_INSTALL_NETWORK_MODE" if settings.sandbox_install_network_mode else "this engine's"
