@@ -31,7 +31,7 @@ def proxy_env() -> dict[str, str]:
 
 
 def egress_env(spec: SandboxSpec) -> dict[str, str]:
-    """The proxy variables for a sandbox that has the egress socket, else none."""
+    """The proxy variables for a sandbox that may reach the egress proxy (`spec.egress` set), else none."""
     return proxy_env() if spec.egress is not None else {}
 
 
