@@ -4,6 +4,8 @@ refused a host the installer needed."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import secrets
 import tempfile
@@ -193,3 +195,36 @@ async def test_a_session_reaches_its_hosts_and_nothing_else(
             await sessions.aclose()
     assert first.stdout == again.stdout == "200 403\n", (first.stderr, again.stderr)
     assert killed.exit_code != 0 and re.search("Connection (refused|reset)", killed.stderr), killed.stderr
+
+
+# Parallel downloads through one relay: on Kubernetes, streams multiplexed over one exec stream, each whole.
+PARALLEL = """
+import hashlib, json, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+def digest(url):
+    with urllib.request.urlopen(url, timeout=60) as answer:
+        return hashlib.sha256(answer.read()).hexdigest()
+with ThreadPoolExecutor(4) as pool:
+    print(json.dumps(list(pool.map(digest, {urls!r}))))
+"""
+
+
+@pytest.mark.parametrize("engine", [pytest.param("kubernetes", marks=pytest.mark.kubernetes)])
+async def test_parallel_large_downloads_arrive_whole(request: pytest.FixtureRequest, engine: str) -> None:
+    name, address = loopback_name()
+    blobs = {f"blob-{index}": secrets.token_bytes(3 * 1024**2 + index) for index in range(4)}
+    with tempfile.TemporaryDirectory(prefix="llm-sandbox-egress-blobs-") as tmp:
+        for blob, data in blobs.items():
+            (Path(tmp) / blob).write_bytes(data)
+        with serve(Path(tmp), address, name) as base:
+            host = base.removeprefix("http://")
+            async with _executor(request, engine, set(), sandbox_session_allow_hosts=[host]) as executor:
+                sessions = SessionRegistry(executor.settings, executor)
+                try:
+                    session = await sessions.create("python", [], network=[host])
+                    code = PARALLEL.format(urls=[f"{base}/{blob}" for blob in blobs])
+                    result = await sessions.execute(session.id, code, [], 180)
+                finally:
+                    await sessions.aclose()
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout) == [hashlib.sha256(data).hexdigest() for data in blobs.values()]
