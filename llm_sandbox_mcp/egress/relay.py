@@ -53,7 +53,7 @@ class Relay:
 async def relay_alive(relay: Relay) -> bool:
     """Whether the relay still runs (code in the sandbox, or a kill after a timeout, may have ended it)."""
     if relay.tunnel is not None:
-        return not relay.tunnel.ended.is_set()  # its output is the tunnel's to read
+        return await relay.tunnel.alive()  # its output is the tunnel's to read
     return await relay.process.receive(timeout=0) != b""
 
 

@@ -4,19 +4,25 @@ server already holds, and this end opens one connection to the sandbox's proxy s
 needs no network at all.
 
 Frames, both ways: a header of type (1 byte), stream id (4) and payload length (4), big-endian, then the payload.
-The relay opens streams (OPEN); either end sends DATA, EOF (its direction is done) and CLOSE (the stream is gone).
+The relay opens streams (OPEN); either end sends DATA, EOF (its direction is done), CLOSE (the stream is gone)
+and WINDOW (a 4-byte count: that many more bytes may come, as many as were delivered); the server's PING
+(stream 0) is answered with PING. Each direction of a
+stream starts with WINDOW_BYTES of credit, so a connection whose reader is slow (a client in the sandbox, the
+proxy's upstream) holds up only itself, and the reader of the relay's output never waits for any stream.
 
 The relay's output is hostile input: code in the sandbox runs as the relay's user and may write into its stdout.
 So a payload above MAX_PAYLOAD, or an unknown frame type, ends the tunnel (the framing is lost) without reading
-what the header claims; streams beyond MAX_STREAMS are refused; frames for ids that are not open are ignored;
-nothing raised by one stream leaves it. The worst a forger gets is more connections to the proxy, which
-applies the sandbox's policy to every one of them.
+what the header claims; OPENs beyond MAX_STREAMS are ignored (the relay itself never has more); DATA beyond a
+stream's window closes that stream, so no stream holds more than WINDOW_BYTES here; frames for ids that are
+not open are ignored; nothing raised by one stream leaves it. The worst a forger gets is more connections to
+the proxy, which applies the sandbox's policy to every one of them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,15 +38,15 @@ from llm_sandbox_mcp.errors import SandboxFailure
 
 logger = logging.getLogger(__name__)
 
-OPEN, DATA, EOF, CLOSE = 1, 2, 3, 4
+OPEN, DATA, EOF, CLOSE, WINDOW, PING = 1, 2, 3, 4, 5, 6
 HEADER = struct.Struct(">BII")
+_COUNT = struct.Struct(">I")
 MAX_PAYLOAD = 64 * 1024
 MAX_STREAMS = MAX_CONNECTIONS
-# What one stream may hold on its way to the proxy, in frames; a stream whose proxy connection takes nothing
-# for STALL_SECONDS is closed, so it cannot hold up the others for longer.
-INBOX_FRAMES = 16
-STALL_SECONDS = 30.0
+WINDOW_BYTES = 256 * 1024
 CONNECT_SECONDS = 10.0
+# A relay that does not answer a PING within this long is taken for gone.
+PING_SECONDS = 5.0
 _CHUNK = 16 * 1024
 # How long one read of the relay's output waits (in a worker thread) before the reader looks again.
 _RECEIVE_SECONDS = 5.0
@@ -49,9 +55,14 @@ _RECEIVE_SECONDS = 5.0
 @dataclass
 class _Stream:
     id: int
-    # What the relay sent, on its way to the proxy connection (the reader puts, the stream's task takes).
+    # What the relay sent, on its way to the proxy connection (the reader puts, the stream's task takes), and
+    # how many bytes of it are not yet delivered: never more than the window the relay was given.
     inbox: MemoryObjectSendStream[bytes]
     queued: MemoryObjectReceiveStream[bytes]
+    undelivered: int = 0
+    # How many bytes the relay may still be sent, and an event set when it grants more.
+    credit: int = WINDOW_BYTES
+    credited: anyio.Event = field(default_factory=anyio.Event)
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
 
     def close(self) -> None:
@@ -73,6 +84,8 @@ class Tunnel:
         self._send_lock = anyio.Lock()
         self._scope = anyio.CancelScope()
         self.ended = anyio.Event()
+        self._closed = anyio.Event()
+        self._answered = anyio.Event()
 
     @property
     def streams(self) -> int:
@@ -93,18 +106,34 @@ class Tunnel:
             for stream in self._streams.values():
                 stream.close()  # also those whose task never started
             self._streams.clear()
+            self.ended.set()
+            self._answered.set()
             # Ended by itself (the relay's end, a broken frame): the relay's stream goes too, so the relay,
             # which ends at the end of its input, frees its port for the next one.
             with anyio.CancelScope(shield=True), anyio.move_on_after(10):
                 await self._process.aclose()
-            self.ended.set()
+            self._closed.set()
+
+    async def alive(self) -> bool:
+        """Whether the relay still answers: the end of its stream may not have reached the server yet when it
+        was killed a moment ago."""
+        if self.ended.is_set():
+            return False
+        self._answered = anyio.Event()
+        try:
+            await self._send(PING, 0)
+        except SandboxFailure:
+            return False
+        with anyio.move_on_after(PING_SECONDS):
+            await self._answered.wait()
+        return self._answered.is_set() and not self.ended.is_set()
 
     async def aclose(self) -> None:
         """Stop the tunnel, every stream and the relay's stream, and wait until they are gone. Idempotent."""
         self._scope.cancel()
         with anyio.CancelScope(shield=True):
             await self._process.aclose()  # a read of it waiting in a worker thread returns now
-            await self.ended.wait()
+            await self._closed.wait()
 
     async def _read(self, tasks: TaskGroup) -> None:
         buffer = bytearray(self._pending)
@@ -112,7 +141,7 @@ class Tunnel:
             # Complete frames first: the buffer never holds more than one frame and one chunk.
             while len(buffer) >= HEADER.size:
                 kind, stream_id, length = HEADER.unpack_from(buffer)
-                if length > MAX_PAYLOAD or kind not in (OPEN, DATA, EOF, CLOSE):
+                if length > MAX_PAYLOAD or kind not in (OPEN, DATA, EOF, CLOSE, WINDOW, PING):
                     logger.warning(
                         "The egress relay of %s sent a broken frame (type %d, %d bytes); its tunnel is closed",
                         self._label,
@@ -124,7 +153,7 @@ class Tunnel:
                     break
                 payload = bytes(buffer[HEADER.size : HEADER.size + length])
                 del buffer[: HEADER.size + length]
-                await self._dispatch(tasks, kind, stream_id, payload)
+                self._dispatch(tasks, kind, stream_id, payload)
             chunk = await self._process.receive(timeout=_RECEIVE_SECONDS)
             if chunk is None:
                 continue
@@ -132,30 +161,31 @@ class Tunnel:
                 return  # the relay ended
             buffer += chunk
 
-    async def _dispatch(self, tasks: TaskGroup, kind: int, stream_id: int, payload: bytes) -> None:
+    def _dispatch(self, tasks: TaskGroup, kind: int, stream_id: int, payload: bytes) -> None:
+        """Act on one frame; never waits, so no stream can hold up the reading of the others' frames."""
         stream = self._streams.get(stream_id)
-        if kind == OPEN:
-            if stream is not None:
-                return  # an id in use: not the relay's doing, ignored
-            if len(self._streams) >= MAX_STREAMS:
-                await self._send(CLOSE, stream_id)
-                return
-            stream = _Stream(stream_id, *anyio.create_memory_object_stream[bytes](INBOX_FRAMES))
-            self._streams[stream_id] = stream
-            tasks.start_soon(self._serve, stream)
+        if kind == PING:
+            self._answered.set()
+        elif kind == OPEN:
+            # An id in use, or more streams than the relay ever opens at once: not the relay's doing, ignored.
+            if stream is None and len(self._streams) < MAX_STREAMS:
+                stream = _Stream(stream_id, *anyio.create_memory_object_stream[bytes](math.inf))
+                self._streams[stream_id] = stream
+                tasks.start_soon(self._serve, stream)
         elif stream is None:
             return
         elif kind == DATA:
-            delivered = False
-            # Closed: after its EOF (a forged frame) or its stream's end; either way nothing more goes to the proxy.
-            with (
-                anyio.move_on_after(STALL_SECONDS),
-                contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError),
-            ):
-                await stream.inbox.send(payload)
-                delivered = True
-            if not delivered:
-                self._forget(stream)
+            if stream.undelivered + len(payload) > WINDOW_BYTES:
+                self._forget(stream)  # beyond its window: not the relay's doing
+                return
+            # Closed: DATA after the stream's EOF (forged), or a stream that ended; nothing more goes to the proxy.
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                stream.inbox.send_nowait(payload)
+                stream.undelivered += len(payload)
+        elif kind == WINDOW:
+            if len(payload) == _COUNT.size:
+                stream.credit = min(WINDOW_BYTES, stream.credit + _COUNT.unpack(payload)[0])
+                stream.credited.set()
         elif kind == EOF:
             stream.inbox.close()
         else:
@@ -172,8 +202,8 @@ class Tunnel:
                 with anyio.fail_after(CONNECT_SECONDS):
                     connection = await anyio.connect_unix(self._socket_path)
                 async with connection, anyio.create_task_group() as both:
-                    both.start_soon(_upward, stream.queued, connection)
-                    await self._downward(stream.id, connection)
+                    both.start_soon(self._upward, stream, connection)
+                    await self._downward(stream, connection)
         except Exception as exc:  # hostile input must never end anything but its own stream
             logger.debug("Egress tunnel stream %d of %s ended: %r", stream.id, self._label, exc)
         finally:
@@ -181,25 +211,30 @@ class Tunnel:
         with contextlib.suppress(SandboxFailure):
             await self._send(CLOSE, stream.id)
 
-    async def _downward(self, stream_id: int, connection: SocketStream) -> None:
+    async def _downward(self, stream: _Stream, connection: SocketStream) -> None:
         while True:
+            while stream.credit <= 0:
+                stream.credited = anyio.Event()
+                await stream.credited.wait()
             try:
-                data = await connection.receive(_CHUNK)
+                data = await connection.receive(min(_CHUNK, stream.credit))
             except anyio.EndOfStream:
                 break
-            await self._send(DATA, stream_id, data)
-        await self._send(EOF, stream_id)
+            stream.credit -= len(data)
+            await self._send(DATA, stream.id, data)
+        await self._send(EOF, stream.id)
+
+    async def _upward(self, stream: _Stream, connection: SocketStream) -> None:
+        async for data in stream.queued:
+            await connection.send(data)
+            stream.undelivered -= len(data)
+            await self._send(WINDOW, stream.id, _COUNT.pack(len(data)))
+        await connection.send_eof()
 
     async def _send(self, kind: int, stream_id: int, payload: bytes = b"") -> None:
         """One frame to the relay; frames of different streams never interleave. Raises SandboxFailure."""
         async with self._send_lock:
             await self._process.send(HEADER.pack(kind, stream_id, len(payload)) + payload)
-
-
-async def _upward(queued: MemoryObjectReceiveStream[bytes], connection: SocketStream) -> None:
-    async for data in queued:
-        await connection.send(data)
-    await connection.send_eof()
 
 
 class Tunnels:

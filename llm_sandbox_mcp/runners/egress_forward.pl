@@ -69,12 +69,14 @@ sub forward {
 }
 
 # Frames, both ways: type (1 byte), stream id (4), payload length (4), big-endian, then the payload.
-# This end opens streams; either end sends DATA, EOF (its direction is done) and CLOSE (the stream is gone).
-# Bounds: at most MAX_STREAMS connections at once (more wait in the listen backlog); a client's pending
-# output above HIGH_WATER stops reading stdin until it drains, so a client that does not read stalls the
-# others for as long as it does not (the server closes a stream it cannot deliver to, see tunnel.py).
-use constant { OPEN => 1, DATA => 2, EOF => 3, CLOSE => 4 };
-use constant { HEADER => 9, CHUNK => 16384, MAX_PAYLOAD => 65536, MAX_STREAMS => 64, HIGH_WATER => 262144 };
+# This end opens streams; either end sends DATA, EOF (its direction is done), CLOSE (the stream is gone) and
+# WINDOW (a 4-byte count: that many more bytes of DATA may come, as many as were delivered); the server's
+# PING (stream 0) is answered with PING. Each direction
+# of a stream starts with WINDOW_BYTES of credit, so a client that does not read holds up only itself, and no
+# buffer here holds more than that per stream. At most MAX_STREAMS connections at once (more wait in the
+# listen backlog).
+use constant { OPEN => 1, DATA => 2, EOF => 3, CLOSE => 4, WINDOW => 5, PING => 6 };
+use constant { HEADER => 9, CHUNK => 16384, MAX_PAYLOAD => 65536, MAX_STREAMS => 64, WINDOW_BYTES => 262144 };
 
 sub emit {
     my ($type, $id, $data) = @_;
@@ -98,14 +100,14 @@ sub mux {
     binmode STDIN;
     binmode STDOUT;
     syswrite(STDOUT, "ready\n");
-    my (%client, %pending, %reading, %shut, %closing);
+    my (%client, %pending, %reading, %shut, %closing, %credit);
     my $next = 0;
     my $input = '';
     my $stdin = \*STDIN;
     my $drop = sub {
         my ($id) = @_;
         close $client{$id} if $client{$id};
-        delete $_->{$id} for (\%client, \%pending, \%reading, \%shut, \%closing);
+        delete $_->{$id} for (\%client, \%pending, \%reading, \%shut, \%closing, \%credit);
     };
     my $after_drain = sub {
         my ($id) = @_;
@@ -119,9 +121,12 @@ sub mux {
     };
     my $dispatch = sub {
         my ($type, $id, $payload) = @_;
+        return emit(PING, 0) if $type == PING;
         return unless $client{$id};
         if ($type == DATA) {
             $pending{$id} .= $payload;
+        } elsif ($type == WINDOW) {
+            $credit{$id} += unpack('N', $payload) if length $payload == 4;
         } elsif ($type == EOF) {
             $shut{$id} ||= 1;
             $after_drain->($id);
@@ -132,17 +137,13 @@ sub mux {
         }
     };
     while (1) {
-        my $readers = IO::Select->new();
+        my $readers = IO::Select->new($stdin);
         my $writers = IO::Select->new();
-        my $backlog = 0;
         for my $id (keys %client) {
-            $readers->add($client{$id}) if $reading{$id};
-            next unless length $pending{$id};
-            $writers->add($client{$id});
-            $backlog = 1 if length $pending{$id} > HIGH_WATER;
+            $readers->add($client{$id}) if $reading{$id} && $credit{$id} > 0;
+            $writers->add($client{$id}) if length $pending{$id};
         }
         $readers->add($server) if keys(%client) < MAX_STREAMS;
-        $readers->add($stdin) unless $backlog;
         my ($readable, $writable) = IO::Select->select($readers, $writers, undef);
         next unless $readable;
         my %id_of = map { ("$client{$_}" => $_) } keys %client;
@@ -152,6 +153,7 @@ sub mux {
             my $written = syswrite($handle, $pending{$id});
             if (defined $written) {
                 substr($pending{$id}, 0, $written) = '';
+                emit(WINDOW, $id, pack('N', $written));
                 $after_drain->($id);
             } elsif (!$!{EAGAIN} && !$!{EINTR}) {
                 emit(CLOSE, $id);
@@ -164,7 +166,7 @@ sub mux {
                 $accepted->blocking(0);
                 my $id = ++$next;
                 $client{$id} = $accepted;
-                ($pending{$id}, $reading{$id}) = ('', 1);
+                ($pending{$id}, $reading{$id}, $credit{$id}) = ('', 1, WINDOW_BYTES);
                 emit(OPEN, $id);
             } elsif ($handle == $stdin) {
                 my $read = sysread(STDIN, $input, 65536, length $input);
@@ -184,7 +186,7 @@ sub mux {
             } else {
                 my $id = $id_of{"$handle"};
                 next unless defined $id && $client{$id} && $reading{$id};
-                my $read = sysread($handle, my $buffer, CHUNK);
+                my $read = sysread($handle, my $buffer, $credit{$id} < CHUNK ? $credit{$id} : CHUNK);
                 if (!defined $read) {
                     next if $!{EAGAIN} || $!{EINTR};
                     emit(CLOSE, $id);
@@ -193,6 +195,7 @@ sub mux {
                     $reading{$id} = 0;
                     emit(EOF, $id);
                 } else {
+                    $credit{$id} -= $read;
                     emit(DATA, $id, $buffer);
                 }
             }

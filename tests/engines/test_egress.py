@@ -197,10 +197,16 @@ async def test_a_session_reaches_its_hosts_and_nothing_else(
     assert killed.exit_code != 0 and re.search("Connection (refused|reset)", killed.stderr), killed.stderr
 
 
-# Parallel downloads through one relay: on Kubernetes, streams multiplexed over one exec stream, each whole.
+# Parallel downloads through one relay: on Kubernetes, streams multiplexed over one exec stream, each whole,
+# while another download that is never read holds its own stream up (and only its own).
 PARALLEL = """
-import hashlib, json, urllib.request
+import hashlib, json, socket, urllib.request
 from concurrent.futures import ThreadPoolExecutor
+stalled = socket.socket()
+stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+stalled.connect(("127.0.0.1", 3128))
+stalled.sendall(b"GET {stalled} HTTP/1.1\\r\\n\\r\\n")
+assert stalled.recv(12).startswith(b"HTTP/1.0 200"), "the stalled download did not start"
 def digest(url):
     with urllib.request.urlopen(url, timeout=60) as answer:
         return hashlib.sha256(answer.read()).hexdigest()
@@ -216,13 +222,14 @@ async def test_parallel_large_downloads_arrive_whole(request: pytest.FixtureRequ
     with tempfile.TemporaryDirectory(prefix="llm-sandbox-egress-blobs-") as tmp:
         for blob, data in blobs.items():
             (Path(tmp) / blob).write_bytes(data)
+        (Path(tmp) / "stalled").write_bytes(bytes(16 * 1024**2))
         with serve(Path(tmp), address, name) as base:
             host = base.removeprefix("http://")
             async with _executor(request, engine, set(), sandbox_session_allow_hosts=[host]) as executor:
                 sessions = SessionRegistry(executor.settings, executor)
                 try:
                     session = await sessions.create("python", [], network=[host])
-                    code = PARALLEL.format(urls=[f"{base}/{blob}" for blob in blobs])
+                    code = PARALLEL.format(urls=[f"{base}/{blob}" for blob in blobs], stalled=f"{base}/stalled")
                     result = await sessions.execute(session.id, code, [], 180)
                 finally:
                     await sessions.aclose()

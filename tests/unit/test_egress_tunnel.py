@@ -16,7 +16,21 @@ import pytest
 from anyio.abc import SocketStream
 
 from llm_sandbox_mcp.backends._kubernetes.pod import NETWORK_LABEL, PodOptions, pod_manifest
-from llm_sandbox_mcp.egress.tunnel import CLOSE, DATA, EOF, HEADER, MAX_PAYLOAD, MAX_STREAMS, OPEN, Tunnel, Tunnels
+from llm_sandbox_mcp.egress import tunnel as tunnel_module
+from llm_sandbox_mcp.egress.tunnel import (
+    CLOSE,
+    DATA,
+    EOF,
+    HEADER,
+    MAX_PAYLOAD,
+    MAX_STREAMS,
+    OPEN,
+    PING,
+    WINDOW,
+    WINDOW_BYTES,
+    Tunnel,
+    Tunnels,
+)
 from llm_sandbox_mcp.errors import SandboxFailure
 from llm_sandbox_mcp.models import Limits, SandboxSpec
 
@@ -44,6 +58,7 @@ class FakeRelay:
         self.received = bytearray()
         self.gone = False
         self.closed = False
+        self.answers = True
 
     async def write(self, data: bytes) -> None:
         await self._writer.send(data)
@@ -54,6 +69,8 @@ class FakeRelay:
     async def send(self, data: bytes) -> None:
         if self.gone:
             raise SandboxFailure("The sandbox process is gone")
+        if data == frame(PING, 0) and self.answers:
+            self._writer.send_nowait(data)
         self.received += data
 
     async def receive(self, timeout: float) -> bytes | None:
@@ -73,12 +90,24 @@ class FakeRelay:
         self._reader.close()
 
     def sent(self) -> list[tuple[int, int, bytes]]:
-        return frames(bytes(self.received))
+        """What the tunnel sent, window grants aside."""
+        return [found for found in frames(bytes(self.received)) if found[0] != WINDOW]
+
+    def granted(self, stream_id: int) -> int:
+        return sum(
+            int.from_bytes(p, "big") for k, i, p in frames(bytes(self.received)) if (k, i) == (WINDOW, stream_id)
+        )
+
+    def data_to(self, stream_id: int) -> int:
+        return sum(len(p) for k, i, p in self.sent() if (k, i) == (DATA, stream_id))
+
+
+BIG = bytes(range(256)) * 4096  # 1 MiB
 
 
 @dataclass
 class Proxy:
-    """The proxy's socket: echoes each connection until its EOF, then closes it."""
+    """The proxy's socket: echoes each connection until its EOF, then closes it; "big" is answered with BIG."""
 
     connections: int = 0
     open: int = 0
@@ -92,11 +121,11 @@ class Proxy:
                 while True:
                     try:
                         data = await connection.receive()
-                    except (anyio.EndOfStream, anyio.BrokenResourceError):
+                        if data == b"hold":
+                            await self.hold.wait()
+                        await connection.send(BIG if data == b"big" else data)
+                    except (anyio.EndOfStream, anyio.BrokenResourceError):  # the tunnel closed the stream
                         break
-                    if data == b"hold":
-                        await self.hold.wait()
-                    await connection.send(data)
         finally:
             self.open -= 1
 
@@ -191,16 +220,57 @@ async def test_data_after_eof_and_a_reopened_id_are_harmless() -> None:
         assert proxy.connections == 1 and not opened.ended.is_set()
 
 
-async def test_streams_beyond_the_cap_are_refused() -> None:
+async def test_streams_beyond_the_cap_are_ignored() -> None:
     async with tunnel() as (relay, opened, proxy):
         await relay.write(b"".join(frame(OPEN, stream_id) for stream_id in range(1, MAX_STREAMS + 3)))
-        await until(lambda: proxy.open == MAX_STREAMS)
-        await until(lambda: len(relay.sent()) == 2)
-        assert relay.sent() == [(CLOSE, MAX_STREAMS + 1, b""), (CLOSE, MAX_STREAMS + 2, b"")]
+        await relay.write(frame(DATA, MAX_STREAMS + 1, b"ignored") + frame(DATA, 1, b"served"))
+        await until(lambda: (DATA, 1, b"served") in relay.sent() and proxy.connections == MAX_STREAMS)
         assert opened.streams == MAX_STREAMS
+        assert relay.sent() == [(DATA, 1, b"served")]
         # A closed stream makes room again.
         await relay.write(frame(CLOSE, 1) + frame(OPEN, 1000))
         await until(lambda: proxy.connections == MAX_STREAMS + 1)
+
+
+async def test_the_relay_is_sent_no_more_than_its_window() -> None:
+    async with tunnel() as (relay, opened, proxy):
+        await relay.write(frame(OPEN, 1) + frame(DATA, 1, b"big"))
+        await until(lambda: relay.data_to(1) == WINDOW_BYTES)
+        await sync(relay, 2)  # another stream is served meanwhile, and nothing more came for this one
+        assert relay.data_to(1) == WINDOW_BYTES
+        await relay.write(frame(WINDOW, 1, (100_000).to_bytes(4, "big")))
+        await until(lambda: relay.data_to(1) == WINDOW_BYTES + 100_000)
+        # A grant beyond the window (forged) counts only up to the window.
+        await relay.write(frame(WINDOW, 1, (2**32 - 1).to_bytes(4, "big")) + frame(WINDOW, 1, b"bad"))
+        await until(lambda: relay.data_to(1) == 2 * WINDOW_BYTES + 100_000)
+        await sync(relay, 3)
+        assert relay.data_to(1) == 2 * WINDOW_BYTES + 100_000
+        assert proxy.connections == 3 and not opened.ended.is_set()
+
+
+async def test_data_beyond_the_window_it_was_given_closes_that_stream() -> None:
+    async with tunnel() as (relay, opened, proxy):
+        chunk = b"x" * MAX_PAYLOAD
+        # In one write, so all of it is taken in before the proxy is given any.
+        await relay.write(
+            frame(OPEN, 1) + b"".join(frame(DATA, 1, chunk) for _ in range(WINDOW_BYTES // MAX_PAYLOAD + 1))
+        )
+        await until(lambda: (CLOSE, 1, b"") in relay.sent())
+        await until(lambda: proxy.open == 0)
+        await sync(relay, 2)
+        assert relay.data_to(1) == 0 and not opened.ended.is_set()
+
+
+async def test_what_the_proxy_takes_is_granted_back() -> None:
+    async with tunnel() as (relay, _, _):
+        await relay.write(frame(OPEN, 1) + frame(DATA, 1, b"a" * 1000) + frame(DATA, 1, b"b" * 500))
+        await until(lambda: relay.granted(1) == 1500)
+
+
+async def sync(relay: FakeRelay, stream_id: int) -> None:
+    """A round trip through a stream of its own: what the tunnel had to do before, it has done."""
+    await relay.write(frame(OPEN, stream_id) + frame(DATA, stream_id, b"ping") + frame(EOF, stream_id))
+    await until(lambda: (CLOSE, stream_id, b"") in relay.sent())
 
 
 async def test_a_truncated_header_at_the_relay_s_end_ends_the_tunnel_quietly(caplog: pytest.LogCaptureFixture) -> None:
@@ -218,6 +288,18 @@ async def test_a_relay_that_is_gone_ends_only_its_streams(caplog: pytest.LogCapt
         await until(lambda: proxy.connections == 1 and proxy.open == 0 and opened.streams == 0)
         assert not opened.ended.is_set()
     assert "failed" not in caplog.text
+
+
+async def test_a_relay_is_alive_while_it_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tunnel_module, "PING_SECONDS", 0.2)
+    async with tunnel() as (relay, opened, _):
+        assert await opened.alive()
+        relay.answers = False
+        assert not await opened.alive()
+        relay.answers = True
+        relay.end()
+        await until(opened.ended.is_set)
+        assert not await opened.alive()
 
 
 async def test_tunnels_refuse_to_open_outside_their_context() -> None:
