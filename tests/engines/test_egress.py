@@ -38,14 +38,18 @@ pytestmark = pytest.mark.anyio
 
 # The client-side proxy support differs per package manager, so every language is installed on one engine;
 # the engine's part (network none, the socket mount or Kubernetes' tunnel, the relay) is the same for every
-# language, so the other engines install one.
-CASES = [
-    pytest.param("docker", language, marks=pytest.mark.docker, id=f"docker-{language}")
-    for language in ("python", "javascript", "go", "ruby", "java", "r")
-] + [
-    pytest.param(engine, "python", marks=getattr(pytest.mark, engine), id=f"{engine}-python")
-    for engine in ("podman", "bubblewrap", "nsjail", "kubernetes")
-]
+# language, so the other engines install one (Kubernetes also npm's, whose connections run in parallel).
+CASES = (
+    [
+        pytest.param("docker", language, marks=pytest.mark.docker, id=f"docker-{language}")
+        for language in ("python", "javascript", "go", "ruby", "java", "r")
+    ]
+    + [
+        pytest.param(engine, "python", marks=getattr(pytest.mark, engine), id=f"{engine}-python")
+        for engine in ("podman", "bubblewrap", "nsjail", "kubernetes")
+    ]
+    + [pytest.param("kubernetes", "javascript", marks=pytest.mark.kubernetes, id="kubernetes-javascript")]
+)
 
 
 @dataclass(frozen=True)
