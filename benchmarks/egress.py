@@ -1,11 +1,12 @@
 """What the egress proxy costs: per connection, and per library install, against the installer's host network.
 
-    python benchmarks/egress.py [--engines docker,bubblewrap] [--runs 5] [--connections 200] [--json out.json]
+    python benchmarks/egress.py [--engines docker,bubblewrap,kubernetes] [--runs 5] [--connections 200] [--json F]
 
 Everything stays on this machine: a local pip index on 127.0.0.1 (tests/support/registries) serves one small
 wheel under a new version per run, so every install really downloads and installs. An install "with" the
 proxy is the default configuration; "without" is SANDBOX_INSTALL_NETWORK_MODE=host (the old default on
-bubblewrap, and what engines without a bridge need otherwise).
+bubblewrap, and what engines without a bridge need otherwise). Kubernetes is the test double
+(tests/support/k8s_double), its pods Docker containers: the proxy goes through its exec tunnel.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llm_sandbox_mcp.backends import load_backend
-from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.egress import EgressPolicy, HostRule, open_listener
 from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import get_language
+from tests.engines import kube
+from tests.engines.conftest import engine_settings
 from tests.support.registries import pip_index, serve
 
 
@@ -67,10 +69,10 @@ async def connections(url: str, count: int) -> dict[str, Any]:
 async def installs(engine: str, root: Path, index: str, runs: int) -> dict[str, Any]:
     report: dict[str, Any] = {}
     for label, network in (("proxy", None), ("host network", "host")):
-        settings = Settings.model_validate(
-            {"backend": engine, "sandbox_pool_size": 0, "sandbox_install_network_mode": network,
-             "sandbox_pip_index_url": index}
-        )  # fmt: skip
+        # The engine as the tests reach it (the Kubernetes double included), configured only as this benchmark says.
+        settings = engine_settings(
+            engine, sandbox_install_network_mode=network, sandbox_pip_index_url=index, sandbox_install_ca_bundle=None
+        )
         backend = load_backend(engine, settings)
         samples: list[float] = []
         try:
@@ -111,7 +113,10 @@ if __name__ == "__main__":
     parser.add_argument("--connections", type=int, default=200)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    result = anyio.run(main, args.engines.split(","), args.runs, args.connections)
+    try:
+        result = anyio.run(main, args.engines.split(","), args.runs, args.connections)
+    finally:
+        kube.stop()
     text = json.dumps(result, indent=2)
     sys.stdout.write(text + "\n")
     if args.json:

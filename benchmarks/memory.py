@@ -5,7 +5,7 @@
 For each language a server is started over stdio (the official client, as a user's), makes one call of that
 language so the pool warms its kind, and is measured once its pool holds `SANDBOX_POOL_SIZE` sandboxes that
 have stopped growing: the server's RSS, and per sandbox the memory its cgroup is charged (what
-`SANDBOX_MEMORY_LIMIT` and `SANDBOX_MEMORY_BUDGET` count: the runtime's pages, its page cache and tmpfs; on
+`SANDBOX_MEM_LIMIT` and `SANDBOX_MEMORY_BUDGET` count: the runtime's pages, its page cache and tmpfs; on
 Docker and Podman without the inactive page cache, as `docker stats` shows it) and the resident set of its
 processes. Docker and Podman sandboxes are read from the engine's stats; bubblewrap and
 NsJail from the cgroups their state records name.

@@ -148,7 +148,7 @@ async def _serve(settings: Settings) -> None:
 
 async def _doctor(settings: Settings) -> int:
     from llm_sandbox_mcp import image_commands
-    from llm_sandbox_mcp.backends import BACKENDS, load_backend, select_backend
+    from llm_sandbox_mcp.backends import BACKENDS, egress_transport, load_backend, select_backend
     from llm_sandbox_mcp.libraries import egress_report
 
     usable: dict[str, bool] = {}
@@ -176,7 +176,7 @@ async def _doctor(settings: Settings) -> int:
         sys.stdout.write(f"configured backend: {chosen.name} (NOT usable)\n")
         return 1
     sys.stdout.write(f"configured backend: {chosen.name} (usable; {why})\n")
-    for line in egress_report(settings, chosen.install_network):
+    for line in egress_report(settings, chosen.install_network, egress_transport(chosen)):
         sys.stdout.write(f"egress: {line}\n")
     sys.stdout.write(f"pool: {_pool_line(settings)}\n")
     return 0
@@ -190,7 +190,7 @@ def _pool_line(settings: Settings) -> str:
         f"{settings.sandbox_pool_size} warm sandbox(es) per language in use (SANDBOX_POOL_SIZE), growing under "
         f"back-to-back or parallel calls to {settings.sandbox_max_concurrency} (SANDBOX_MAX_CONCURRENCY) and back "
         f"after {IDLE_SECONDS:g} s idle; each may use {settings.limits().memory_bytes // mib} MiB "
-        f"(SANDBOX_MEMORY_LIMIT), all sandboxes together {settings.memory_budget() // mib} MiB (SANDBOX_MEMORY_BUDGET)"
+        f"(SANDBOX_MEM_LIMIT), all sandboxes together {settings.memory_budget() // mib} MiB (SANDBOX_MEMORY_BUDGET)"
     )
 
 

@@ -20,6 +20,7 @@ from llm_sandbox_mcp.budget import MemoryBudget
 from llm_sandbox_mcp.build_cache import BUILD_PIPE_ENV, RUN_SCRIPTS, BuildCache, Plan
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.egress.relay import egress_env
+from llm_sandbox_mcp.egress.tunnel import Tunnels
 from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure
 from llm_sandbox_mcp.hints import missing_library_hint
 from llm_sandbox_mcp.images.build import ProjectImages
@@ -110,7 +111,9 @@ class Executor:
         self.backend = backend
         self.limits = settings.limits()
         self.budget = MemoryBudget(settings.memory_budget())
-        self.libraries = LibraryCache(settings, backend, self.limits, self.budget)
+        # Where the egress tunnels of installers and sessions run (backends that carry egress over exec streams).
+        self.tunnels = Tunnels()
+        self.libraries = LibraryCache(settings, backend, self.limits, self.budget, self.tunnels)
         self.pool: Pool[WarmKey, Lease] = Pool(
             self._make_lease,
             self._dispose_lease,
@@ -126,13 +129,21 @@ class Executor:
         self.builds = BuildCache(backend, settings.sandbox_build_cache_size)
 
     async def __aenter__(self) -> Executor:
-        await self.pool.__aenter__()
+        await self.tunnels.__aenter__()
+        try:
+            await self.pool.__aenter__()
+        except BaseException:
+            await self.tunnels.__aexit__(None, None, None)
+            raise
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self.pool.__aexit__(exc_type, exc, tb)
+        try:
+            await self.pool.__aexit__(exc_type, exc, tb)
+        finally:
+            await self.tunnels.__aexit__(exc_type, exc, tb)
 
     def program(self, code: str, language: str, libraries: list[str], timeout: float | None) -> Program:
         """Validate a request to run code. Raises InvalidRequest saying what to change."""

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import anyio
 
-from llm_sandbox_mcp.backends import Backend, SandboxProcess, stop_on_cancel
+from llm_sandbox_mcp.backends import Backend, EgressTransport, stop_on_cancel
 from llm_sandbox_mcp.budget import MemoryBudget
 from llm_sandbox_mcp.cache_index import CacheEntry, CacheIndex, over_total
 from llm_sandbox_mcp.config import Settings
@@ -27,7 +27,8 @@ from llm_sandbox_mcp.egress.registries import (
     configured_rules,
     url_rules,
 )
-from llm_sandbox_mcp.egress.relay import proxy_env, start_relay
+from llm_sandbox_mcp.egress.relay import Relay, proxy_env, start_relay
+from llm_sandbox_mcp.egress.tunnel import Tunnels
 from llm_sandbox_mcp.errors import InstallFailed, SandboxFailure
 from llm_sandbox_mcp.languages import LANGUAGES, Language, install_env, sandbox_env
 from llm_sandbox_mcp.models import (
@@ -94,9 +95,15 @@ def needs_defaults(settings: Settings, lang: Language) -> bool:
     return lang.name in DEFAULT_REGISTRY_COMMANDS and unset
 
 
-def egress_report(settings: Settings, install_network: str) -> list[str]:
+def egress_report(settings: Settings, install_network: str, transport: EgressTransport = "socket") -> list[str]:
     """`doctor`'s lines: what each kind of sandbox may reach with these settings on this engine."""
     lines = [f"code sandboxes: network {settings.sandbox_network_mode!r} (SANDBOX_NETWORK_MODE)"]
+    if install_network == EGRESS_NETWORK:
+        lines.append(
+            "path to the proxy: a tunnel over the relay's exec stream (the pods stay under the deny-all NetworkPolicy)"
+            if transport == "tunnel"
+            else "path to the proxy: its UNIX socket, mounted into the sandbox (which has no network)"
+        )
     network = settings.sandbox_install_network_mode or install_network
     if network != EGRESS_NETWORK:
         origin = "SANDBOX_INSTALL_NETWORK_MODE" if settings.sandbox_install_network_mode else "this engine's"
@@ -125,11 +132,14 @@ def egress_report(settings: Settings, install_network: str) -> list[str]:
 class LibraryCache:
     """Library stores on one backend; each is installed at most once per server."""
 
-    def __init__(self, settings: Settings, backend: Backend, limits: Limits, budget: MemoryBudget) -> None:
+    def __init__(
+        self, settings: Settings, backend: Backend, limits: Limits, budget: MemoryBudget, tunnels: Tunnels
+    ) -> None:
         self.settings = settings
         self.backend = backend
         self.limits = limits
         self.budget = budget
+        self.tunnels = tunnels
         self._locks: defaultdict[str, anyio.Lock] = defaultdict(anyio.Lock)
         # Store -> when this server last found it complete (monotonic); rechecked after a while, since a
         # server elsewhere on this host may have evicted it meanwhile.
@@ -142,8 +152,8 @@ class LibraryCache:
         return bool(specs) or lang.warm_cache
 
     def network(self) -> str:
-        """The installer's network: as configured, else what this engine offers installers (on every engine
-        but Kubernetes: EGRESS_NETWORK, no network but the proxy)."""
+        """The installer's network: as configured, else what this engine offers installers (EGRESS_NETWORK: no
+        network but the proxy)."""
         return self.settings.sandbox_install_network_mode or self.backend.install_network
 
     def key(self, lang: Language, specs: list[str]) -> str:
@@ -307,15 +317,13 @@ class LibraryCache:
             )
         await self.backend.exec(ref, ["touch", _COMPLETE], timeout=30)
 
-    async def _egress(
-        self, ref: SandboxRef, lang: Language, env: dict[str, str], listener: EgressListener
-    ) -> SandboxProcess:
+    async def _egress(self, ref: SandboxRef, lang: Language, env: dict[str, str], listener: EgressListener) -> Relay:
         """The installer's way out: its registries allowed, the relay to the proxy started, `env` pointed at it."""
         if needs_defaults(self.settings, lang):
             defaults = await self._default_rules(ref, lang, env)
             listener.policy = EgressPolicy.of([*listener.policy.rules, *defaults], INSTALL_SETTING)
         try:
-            relay = await start_relay(self.backend, ref)
+            relay = await start_relay(self.backend, ref, listener, self.tunnels)
         except SandboxFailure as exc:
             raise InstallFailed(f"Could not start the library installer's network: {exc}") from exc
         env.update(proxy_env())

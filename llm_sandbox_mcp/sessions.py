@@ -13,10 +13,9 @@ from dataclasses import dataclass, field, replace
 
 import anyio
 
-from llm_sandbox_mcp.backends import SandboxProcess
 from llm_sandbox_mcp.config import Settings, parse_size
 from llm_sandbox_mcp.egress import EgressListener, EgressPolicy, HostRule, open_listener
-from llm_sandbox_mcp.egress.relay import relay_alive, start_relay
+from llm_sandbox_mcp.egress.relay import Relay, relay_alive, start_relay
 from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure, SandboxNotFound
 from llm_sandbox_mcp.executor import Cell, Executor, Lease, Program
 from llm_sandbox_mcp.languages import Language, get_language
@@ -62,7 +61,7 @@ class Session:
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     # The session's egress proxy and the relay to it in its sandbox, when it was given hosts.
     egress: EgressListener | None = None
-    relay: SandboxProcess | None = None
+    relay: Relay | None = None
 
     def describe(self) -> dict[str, object]:
         now = time.monotonic()
@@ -280,7 +279,9 @@ class SessionRegistry:
             await session.relay.aclose()
             session.relay = None
         try:
-            session.relay = await start_relay(self.executor.backend, session.lease.ref)
+            session.relay = await start_relay(
+                self.executor.backend, session.lease.ref, session.egress, self.executor.tunnels
+            )
         except SandboxFailure as exc:
             logger.warning("Session %s has no egress relay: %s", session.id, exc)
 

@@ -1,18 +1,22 @@
-"""The sandbox's end of the egress path: the relay on its loopback, and the variables that point every
-package manager at it."""
+"""The sandbox's end of the egress path: the relay on its loopback (to the proxy's socket, or through a tunnel
+over its own stream), and the variables that point every package manager at it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import anyio
 
-from llm_sandbox_mcp.backends import Backend, SandboxProcess
-from llm_sandbox_mcp.egress.proxy import SOCKET_NAME
+from llm_sandbox_mcp.backends import Backend, SandboxProcess, egress_transport
+from llm_sandbox_mcp.egress.proxy import SOCKET_NAME, EgressListener
+from llm_sandbox_mcp.egress.tunnel import MAX_PAYLOAD, Tunnel, Tunnels
 from llm_sandbox_mcp.errors import SandboxFailure
 from llm_sandbox_mcp.languages import runner_source
 from llm_sandbox_mcp.models import EGRESS_DIR, SandboxRef, SandboxSpec
 
 RELAY_PORT = 3128
 _READY_SECONDS = 20.0
+_READY = b"ready\n"
 
 
 def proxy_env() -> dict[str, str]:
@@ -27,28 +31,58 @@ def proxy_env() -> dict[str, str]:
 
 
 def egress_env(spec: SandboxSpec) -> dict[str, str]:
-    """The proxy variables for a sandbox that has the egress socket, else none."""
+    """The proxy variables for a sandbox that may reach the egress proxy (`spec.egress` set), else none."""
     return proxy_env() if spec.egress is not None else {}
 
 
-async def relay_alive(relay: SandboxProcess) -> bool:
+@dataclass
+class Relay:
+    """The relay running in a sandbox, and on a tunnel backend the tunnel that carries its connections."""
+
+    process: SandboxProcess
+    tunnel: Tunnel | None = None
+
+    async def aclose(self) -> None:
+        """Close the relay's stream (and its tunnel). Does not wait for the process; a kill or destroy ends it."""
+        if self.tunnel is not None:
+            await self.tunnel.aclose()
+        else:
+            await self.process.aclose()
+
+
+async def relay_alive(relay: Relay) -> bool:
     """Whether the relay still runs (code in the sandbox, or a kill after a timeout, may have ended it)."""
-    return await relay.receive(timeout=0) != b""
+    if relay.tunnel is not None:
+        return await relay.tunnel.alive()  # its output is the tunnel's to read
+    return await relay.process.receive(timeout=0) != b""
 
 
-async def start_relay(backend: Backend, ref: SandboxRef) -> SandboxProcess:
-    """Start the relay in the sandbox and wait until it listens. Raises SandboxFailure."""
-    argv = ["perl", "-e", runner_source("egress_forward.pl"), str(EGRESS_DIR / SOCKET_NAME), str(RELAY_PORT)]
-    relay = await backend.start(ref, argv)
+async def start_relay(backend: Backend, ref: SandboxRef, listener: EgressListener, tunnels: Tunnels) -> Relay:
+    """Start the relay in the sandbox and wait until it listens: to the proxy socket mounted into the sandbox,
+    or on a tunnel backend over its own stream, through a tunnel of `tunnels`. Raises SandboxFailure."""
+    tunnelled = egress_transport(backend) == "tunnel"
+    target = ["--mux"] if tunnelled else [str(EGRESS_DIR / SOCKET_NAME)]
+    argv = ["perl", "-e", runner_source("egress_forward.pl"), "--", *target, str(RELAY_PORT)]
+    process = await backend.start(ref, argv)
     seen = b""
     with anyio.move_on_after(_READY_SECONDS):
-        while b"ready\n" not in seen:
-            chunk = await relay.receive(timeout=_READY_SECONDS)
+        while _READY not in seen:
+            chunk = await process.receive(timeout=_READY_SECONDS)
             if not chunk:
                 break
             seen += chunk
-    if b"ready\n" not in seen:
-        problem = relay.stderr_tail().decode("utf-8", errors="replace").strip()[-500:]
-        await relay.aclose()
+            if len(seen) > 2 * MAX_PAYLOAD:
+                break  # not a relay that started: nothing says how much more to wait for
+    if _READY not in seen:
+        problem = process.stderr_tail().decode("utf-8", errors="replace").strip()[-500:]
+        await process.aclose()
         raise SandboxFailure(f"the egress relay did not start in the sandbox (it needs perl): {problem or 'no answer'}")
-    return relay
+    if not tunnelled:
+        return Relay(process)
+    try:
+        tunnel = await tunnels.open(process, listener.socket_path, listener.label, seen.split(_READY, 1)[1])
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await process.aclose()
+        raise
+    return Relay(process, tunnel)

@@ -4,6 +4,8 @@ refused a host the installer needed."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import secrets
 import tempfile
@@ -35,15 +37,19 @@ from tests.support.registries import (
 pytestmark = pytest.mark.anyio
 
 # The client-side proxy support differs per package manager, so every language is installed on one engine;
-# the engine's part (network none, the socket mount, the relay) is the same for every language, so the other
-# engines install one.
-CASES = [
-    pytest.param("docker", language, marks=pytest.mark.docker, id=f"docker-{language}")
-    for language in ("python", "javascript", "go", "ruby", "java", "r")
-] + [
-    pytest.param(engine, "python", marks=getattr(pytest.mark, engine), id=f"{engine}-python")
-    for engine in ("podman", "bubblewrap", "nsjail")
-]
+# the engine's part (network none, the socket mount or Kubernetes' tunnel, the relay) is the same for every
+# language, so the other engines install one (Kubernetes also npm's, whose connections run in parallel).
+CASES = (
+    [
+        pytest.param("docker", language, marks=pytest.mark.docker, id=f"docker-{language}")
+        for language in ("python", "javascript", "go", "ruby", "java", "r")
+    ]
+    + [
+        pytest.param(engine, "python", marks=getattr(pytest.mark, engine), id=f"{engine}-python")
+        for engine in ("podman", "bubblewrap", "nsjail", "kubernetes")
+    ]
+    + [pytest.param("kubernetes", "javascript", marks=pytest.mark.kubernetes, id="kubernetes-javascript")]
+)
 
 
 @dataclass(frozen=True)
@@ -169,7 +175,8 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
 
 
 @pytest.mark.parametrize(
-    "engine", [pytest.param(e, marks=getattr(pytest.mark, e)) for e in ("docker", "bubblewrap", "nsjail")]
+    "engine",
+    [pytest.param(e, marks=getattr(pytest.mark, e)) for e in ("docker", "bubblewrap", "nsjail", "kubernetes")],
 )
 async def test_a_session_reaches_its_hosts_and_nothing_else(
     request: pytest.FixtureRequest, registries: Registries, engine: str
@@ -192,3 +199,43 @@ async def test_a_session_reaches_its_hosts_and_nothing_else(
             await sessions.aclose()
     assert first.stdout == again.stdout == "200 403\n", (first.stderr, again.stderr)
     assert killed.exit_code != 0 and re.search("Connection (refused|reset)", killed.stderr), killed.stderr
+
+
+# Parallel downloads through one relay: on Kubernetes, streams multiplexed over one exec stream, each whole,
+# while another download that is never read holds its own stream up (and only its own).
+PARALLEL = """
+import hashlib, json, socket, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+stalled = socket.socket()
+stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+stalled.connect(("127.0.0.1", 3128))
+stalled.sendall(b"GET {stalled} HTTP/1.1\\r\\n\\r\\n")
+assert stalled.recv(12).startswith(b"HTTP/1.0 200"), "the stalled download did not start"
+def digest(url):
+    with urllib.request.urlopen(url, timeout=60) as answer:
+        return hashlib.sha256(answer.read()).hexdigest()
+with ThreadPoolExecutor(4) as pool:
+    print(json.dumps(list(pool.map(digest, {urls!r}))))
+"""
+
+
+@pytest.mark.parametrize("engine", [pytest.param("kubernetes", marks=pytest.mark.kubernetes)])
+async def test_parallel_large_downloads_arrive_whole(request: pytest.FixtureRequest, engine: str) -> None:
+    name, address = loopback_name()
+    blobs = {f"blob-{index}": secrets.token_bytes(3 * 1024**2 + index) for index in range(4)}
+    with tempfile.TemporaryDirectory(prefix="llm-sandbox-egress-blobs-") as tmp:
+        for blob, data in blobs.items():
+            (Path(tmp) / blob).write_bytes(data)
+        (Path(tmp) / "stalled").write_bytes(bytes(16 * 1024**2))
+        with serve(Path(tmp), address, name) as base:
+            host = base.removeprefix("http://")
+            async with _executor(request, engine, set(), sandbox_session_allow_hosts=[host]) as executor:
+                sessions = SessionRegistry(executor.settings, executor)
+                try:
+                    session = await sessions.create("python", [], network=[host])
+                    code = PARALLEL.format(urls=[f"{base}/{blob}" for blob in blobs], stalled=f"{base}/stalled")
+                    result = await sessions.execute(session.id, code, [], 180)
+                finally:
+                    await sessions.aclose()
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout) == [hashlib.sha256(data).hexdigest() for data in blobs.values()]

@@ -289,7 +289,7 @@ async def test_without_the_network_policy_sandboxes_meant_to_have_no_network_are
         await backend.create(spec(namespace))
     assert "Role in the README" in str(refused.value)
     assert read(core.list_namespaced_pod, namespace)["items"] == []
-    # A sandbox given network on purpose (a library installer) does not depend on the policy.
+    # A sandbox given network on purpose (an installer given SANDBOX_INSTALL_NETWORK_MODE) does not depend on it.
     installer = await backend.create(spec(namespace, sandbox_network_mode="bridge"))
     assert (await backend.exec(installer, ["true"], timeout=30)).exit_code == 0
 

@@ -18,7 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from llm_sandbox_mcp.egress import EgressListener, EgressPolicy, HostRule, open_listener
-from llm_sandbox_mcp.egress.relay import RELAY_PORT, proxy_env, start_relay
+from llm_sandbox_mcp.egress.relay import RELAY_PORT, Relay, proxy_env, relay_alive, start_relay
+from llm_sandbox_mcp.egress.tunnel import Tunnels
 from llm_sandbox_mcp.models import Limits, SandboxRef, SandboxSpec
 from tests.engines.conftest import RecordingBackend, engine_settings
 from tests.support.connects import recorded
@@ -111,9 +112,7 @@ def servers() -> Iterator[tuple[Server, Server]]:
 @pytest.fixture
 async def egress_sandbox(
     backend: RecordingBackend, engine: str, servers: tuple[Server, Server]
-) -> AsyncIterator[tuple[RecordingBackend, EgressListener, SandboxRef]]:
-    if engine == "kubernetes":
-        pytest.skip("Kubernetes sandboxes do not reach the egress proxy (see README, Egress)")
+) -> AsyncIterator[tuple[RecordingBackend, EgressListener, SandboxRef, Relay]]:
     name, _ = loopback_name()
     allowed, _ = servers
     rules = [HostRule.parse(f"{name}:{allowed.port}", explicit=True), HostRule.parse("*.test:443", explicit=False)]
@@ -125,11 +124,12 @@ async def egress_sandbox(
     try:
         ref = await backend.create(spec)
         try:
-            relay = await start_relay(backend, ref)
-            try:
-                yield backend, listener, ref
-            finally:
-                await relay.aclose()
+            async with Tunnels() as tunnels:
+                relay = await start_relay(backend, ref, listener, tunnels)
+                try:
+                    yield backend, listener, ref, relay
+                finally:
+                    await relay.aclose()
         finally:
             await backend.destroy(ref)
     finally:
@@ -137,9 +137,9 @@ async def egress_sandbox(
 
 
 async def test_only_the_allowed_host_is_reachable(
-    egress_sandbox: tuple[RecordingBackend, EgressListener, SandboxRef], servers: tuple[Server, Server]
+    egress_sandbox: tuple[RecordingBackend, EgressListener, SandboxRef, Relay], servers: tuple[Server, Server]
 ) -> None:
-    backend, listener, ref = egress_sandbox
+    backend, listener, ref, _ = egress_sandbox
     name, _ = loopback_name()
     allowed, unlisted = servers
     allowed.hits.clear()
@@ -197,3 +197,61 @@ async def test_only_the_allowed_host_is_reachable(
     assert PRIVATE_ADDRESS.encode() not in result.stdout
     assert {refusal.host: refusal.detail for refusal in listener.refused}[private] == PRIVATE_ADDRESS
     assert set(reasons) >= {name, "localhost", "127.0.0.1", PRIVATE_ADDRESS, "169.254.169.254", private}
+
+
+# Runs in the sandbox: writes frames into the stdout of the tunnel's relay, as any process of the sandbox user can,
+# then fetches through the relay as a client does.
+FORGE = r"""
+import json, os, socket, struct, sys, time
+port, forged_request, allowed_request, garbage = int(sys.argv[1]), *sys.argv[2:5]
+def frame(kind, stream, payload=b""):
+    return struct.pack(">BII", kind, stream, len(payload)) + payload
+relay = next(p for p in os.listdir("/proc") if p.isdigit() and b"--mux" in open(f"/proc/{p}/cmdline", "rb").read())
+out = open(f"/proc/{relay}/fd/1", "wb", buffering=0)
+stream = 4000000000
+out.write(frame(1, stream) + frame(2, stream, forged_request.encode()) + frame(3, stream) + frame(2, 12345, b"x"))
+def fetch(head, timeout=20):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(head.encode())
+            return s.recv(4096).split(b"\r\n")[0].decode()
+    except OSError as e:
+        return type(e).__name__
+first = fetch(allowed_request)
+if garbage:
+    out.write(b"\xff" * 64)
+    for _ in range(100):  # the server ends the tunnel, and the relay its listener
+        if fetch(allowed_request, timeout=1) == "ConnectionRefusedError":
+            break
+        time.sleep(0.1)
+print(json.dumps([first, fetch(allowed_request)]))
+"""
+
+
+@pytest.mark.parametrize("engine", [pytest.param("kubernetes", marks=pytest.mark.kubernetes)])
+async def test_frames_forged_into_the_tunnel_gain_nothing(
+    egress_sandbox: tuple[RecordingBackend, EgressListener, SandboxRef, Relay], servers: tuple[Server, Server]
+) -> None:
+    """Code in the sandbox shares the relay's user: it can write frames into the relay's output. A forged
+    stream is one more connection to the proxy, which refuses what the policy does; a broken frame ends the
+    tunnel (that sandbox's egress only), never the server."""
+    backend, listener, ref, relay = egress_sandbox
+    name, _ = loopback_name()
+    allowed, unlisted = servers
+    allowed.hits.clear()
+    unlisted.hits.clear()
+    forged = f"GET http://{name}:{unlisted.port}/forged HTTP/1.1\r\n\r\n"
+    fine = f"GET http://{name}:{allowed.port}/allowed HTTP/1.1\r\n\r\n"
+    refused_before = listener.refusals
+    argv = ["python3", "-c", FORGE, str(RELAY_PORT), forged, fine]
+    result = await backend.exec(ref, [*argv, ""], timeout=120)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout) == ["HTTP/1.0 200 OK", "HTTP/1.0 200 OK"]  # the tunnel still serves
+    assert unlisted.hits == [] and allowed.hits == ["/allowed", "/allowed"]
+    assert listener.refusals == refused_before + 1  # the forged stream reached the proxy, which refused it
+    assert await relay_alive(relay)
+    broken = await backend.exec(ref, [*argv, "garbage"], timeout=120)
+    assert broken.exit_code == 0, broken.stderr
+    assert json.loads(broken.stdout) == ["HTTP/1.0 200 OK", "ConnectionRefusedError"]
+    assert not await relay_alive(relay)
+    assert unlisted.hits == []

@@ -40,7 +40,15 @@ from llm_sandbox_mcp.backends._kubernetes.pod import (
 from llm_sandbox_mcp.backends._threaded import Threaded
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, SandboxFailure
-from llm_sandbox_mcp.models import ExecResult, HeadTail, OutputListener, SandboxRef, SandboxSpec, captures
+from llm_sandbox_mcp.models import (
+    EGRESS_NETWORK,
+    ExecResult,
+    HeadTail,
+    OutputListener,
+    SandboxRef,
+    SandboxSpec,
+    captures,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +62,10 @@ class KubernetesEngine:
     """Sandboxes as pods in one namespace, through the synchronous client (`Threaded` makes it a Backend)."""
 
     name = "kubernetes"
-    install_network = "bridge"  # not "none": the pod network, outside the deny-all NetworkPolicy
+    # Installers and sessions given hosts stay under the deny-all NetworkPolicy like every other pod: a pod cannot
+    # mount the proxy's socket, so the relay's connections reach it through a tunnel over the relay's exec stream.
+    install_network = EGRESS_NETWORK
+    egress_transport = "tunnel"
 
     def __init__(
         self,

@@ -118,7 +118,10 @@ def owner_metadata(kind: str, expires_at: int) -> tuple[dict[str, str], dict[str
 def pod_manifest(
     name: str, spec: SandboxSpec, labels: Mapping[str, str], annotations: Mapping[str, str], options: PodOptions
 ) -> Json:
-    """The pod for one sandbox: idle PID 1, hardened, limited, with size-limited emptyDirs (and the cache)."""
+    """The pod for one sandbox: idle PID 1, hardened, limited, with size-limited emptyDirs (and the cache).
+
+    `spec.egress` (the host directory of the egress proxy's socket) is never mounted: no host path reaches a pod,
+    and a sandbox that may use the proxy reaches it through the tunnel over its relay's exec stream."""
     limits = spec.limits
     pod_labels = dict(labels)
     if limits.network_mode == "none":
