@@ -38,6 +38,7 @@ from llm_sandbox_mcp.models import (
 )
 from llm_sandbox_mcp.pool import Pool
 from llm_sandbox_mcp.transfer import unpack
+from llm_sandbox_mcp.zygote import Zygotes
 
 logger = logging.getLogger(__name__)
 
@@ -118,15 +119,20 @@ class Executor:
         self._cold: set[WarmKey] = set()
         self.limiter = anyio.CapacityLimiter(settings.sandbox_max_concurrency)
         self.images = ProjectImages(settings, backend)
+        self.zygotes = Zygotes(settings, backend, self.budget)
 
     async def __aenter__(self) -> Executor:
         await self.pool.__aenter__()
+        await self.zygotes.__aenter__()
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self.pool.__aexit__(exc_type, exc, tb)
+        try:
+            await self.zygotes.__aexit__(exc_type, exc, tb)
+        finally:
+            await self.pool.__aexit__(exc_type, exc, tb)
 
     def program(self, code: str, language: str, libraries: list[str], timeout: float | None) -> Program:
         """Validate a request to run code. Raises InvalidRequest saying what to change."""
@@ -166,7 +172,11 @@ class Executor:
 
     def warm(self, language: Language) -> None:
         """Have sandboxes for `language` (without libraries) ready before the first call."""
-        self.pool.warm(WarmKey(language.name, self.spec_for(language)))
+        spec = self.spec_for(language)
+        if self.zygotes.serves(language, spec):
+            self.zygotes.warm(language, spec)
+        else:
+            self.pool.warm(WarmKey(language.name, spec))
 
     async def execute(
         self,
@@ -186,6 +196,9 @@ class Executor:
         async with self.limiter:
             spec = await self._spec(program.language, program.libraries, live=live)
             live.phase = "starting the sandbox"
+            forked = await self.zygotes.run(program.language, spec, _decode(program.source), program.timeout, live)
+            if forked is not None:
+                return self._shape(program.language, forked, program.timeout, False)
             lease = await self.pool.acquire(WarmKey(program.language.name, spec))
             try:
                 return await self.run(lease, program, live=live)

@@ -83,11 +83,16 @@ def receive():
     return kind, read_exactly(size)
 
 
-def prepare():
+def write_files():
+    """The output directory and the matplotlib shim (again in each zygote child, whose /tmp is new)."""
     os.makedirs(OUT, exist_ok=True)
     os.makedirs(SHIM_DIR, exist_ok=True)
     with open(os.path.join(SHIM_DIR, "llm_sandbox_mpl.py"), "w") as shim:
         shim.write(SHIM)
+
+
+def prepare():
+    write_files()
     sys.path.insert(0, SHIM_DIR)
     # Child processes of the user's code capture their figures too.
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SHIM_DIR, os.environ.get("PYTHONPATH")) if p)
@@ -438,4 +443,6 @@ def main():
         run_inline(request, capture)
 
 
-main()
+# Loaded as a module by the zygote (runners/python_zygote.py), which runs its own loop.
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,367 @@
+"""Fresh Python sandboxes at the cost of a fork (SANDBOX_ZYGOTE, bubblewrap only).
+
+A *template* per sandbox kind (image, limits, libraries) is one bubblewrap sandbox whose Python process (the
+zygote, runners/python_zygote.py) has paid the interpreter start and the kernel's imports. Per call the server
+hands it one end of a fresh socket pair; it forks a child that makes a sandbox of its own inside the
+template's (new namespaces, fresh tmpfs /workspace, /tmp and /dev/shm), says hello on that socket, and
+waits. The kernel attaches the child's host pid to the hello (SCM_CREDENTIALS, which the child cannot
+forge); the server moves that process into a cgroup of its own with the call's limits, and only then sends
+the request, after which the child drops every capability, applies the strict seccomp
+filter and runs the code with the kernel's frame protocol. Timeouts, floods and cancellation kill the
+call's cgroup from outside.
+
+Where it cannot work (another backend, a host without nested user namespaces, a template that does not
+start), calls take the warm pool as before: the reason is logged once per sandbox kind and `doctor` says it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import socket
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Protocol, runtime_checkable
+
+import anyio
+import anyio.to_thread
+from anyio.abc import TaskGroup
+
+from llm_sandbox_mcp.backends import Backend, SandboxProcess
+from llm_sandbox_mcp.budget import MemoryBudget
+from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.egress.relay import egress_env
+from llm_sandbox_mcp.errors import SandboxError, SandboxFailure
+from llm_sandbox_mcp.kernel import Kernel
+from llm_sandbox_mcp.languages import Language, runner_source, sandbox_env
+from llm_sandbox_mcp.models import WORKDIR, ExecResult, Live, SandboxRef, SandboxSpec
+
+logger = logging.getLogger(__name__)
+
+_HELLO_SECONDS = 10.0
+_MAX_TEMPLATES = 4
+_CREDENTIALS = struct.Struct("iII")  # struct ucred: pid, uid, gid
+_MAX_HELLO = 4096
+
+
+class ChildCgroup(Protocol):
+    """The cgroup a zygote child runs in (blocking calls: run in a worker thread)."""
+
+    def kill(self) -> None: ...
+
+    def remove(self) -> None: ...
+
+
+@runtime_checkable
+class TemplateHost(Protocol):
+    """A backend that can run zygote templates (bubblewrap)."""
+
+    async def start_template(
+        self, ref: SandboxRef, argv: Sequence[str], env: Mapping[str, str], control_fd: int, calls: int
+    ) -> SandboxProcess: ...
+
+    async def confine_child(self, ref: SandboxRef, pid: int) -> ChildCgroup: ...
+
+
+class ChildUnavailable(SandboxFailure):
+    """A template could not give a call a child sandbox (the call then takes the pool)."""
+
+
+class SocketProcess:
+    """A zygote child's frame socket as a SandboxProcess (it has no stderr of its own)."""
+
+    def __init__(self, sock: socket.socket, pending: bytes) -> None:
+        self._sock = sock
+        self._pending = pending
+
+    async def send(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[self._sock.send(view) :]
+            except BlockingIOError:
+                await anyio.wait_writable(self._sock)
+            except OSError as exc:
+                raise SandboxFailure(f"The sandbox process is gone ({exc.strerror})") from exc
+
+    async def receive(self, timeout: float) -> bytes | None:
+        if self._pending:
+            data, self._pending = self._pending, b""
+            return data
+        with anyio.move_on_after(timeout):
+            while True:
+                try:
+                    return self._sock.recv(65536)
+                except BlockingIOError:
+                    await anyio.wait_readable(self._sock)
+                except OSError:
+                    return b""
+        return None
+
+    def stderr_tail(self) -> bytes:
+        return b""
+
+    async def aclose(self) -> None:
+        self._sock.close()
+
+
+async def _hello(sock: socket.socket) -> tuple[int, bytes]:
+    """The host pid the kernel attached to the child's first message, and the message. Raises
+    ChildUnavailable with what the child said instead of a hello (its setup failed)."""
+    try:
+        with anyio.fail_after(_HELLO_SECONDS):
+            while True:
+                try:
+                    data, ancillary, _, _ = sock.recvmsg(_MAX_HELLO, socket.CMSG_SPACE(_CREDENTIALS.size))
+                    break
+                except BlockingIOError:
+                    await anyio.wait_readable(sock)
+    except TimeoutError:
+        raise ChildUnavailable("a zygote child did not get ready in time") from None
+    except OSError as exc:
+        raise ChildUnavailable(f"a zygote child's socket failed: {exc.strerror}") from exc
+    pid = 0
+    for level, kind, body in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(body) >= _CREDENTIALS.size:
+            pid = _CREDENTIALS.unpack_from(body)[0]
+    if not data.startswith(b"H") or pid <= 0:
+        said = data.decode("utf-8", errors="replace").strip()[:500]
+        raise ChildUnavailable(said or "a zygote child ended before it was ready")
+    return pid, data
+
+
+@dataclass(eq=False)
+class Template:
+    ref: SandboxRef
+    kernel: Kernel
+    control: socket.socket
+    charged: int
+
+
+class Zygotes:
+    """The templates of this server, one per sandbox kind, with the calls they fork. Use as an async context
+    manager (it removes used cgroups in the background and the templates at the end)."""
+
+    def __init__(self, settings: Settings, backend: Backend, budget: MemoryBudget) -> None:
+        self._settings = settings
+        self._backend = backend
+        self._host = backend if settings.sandbox_zygote and isinstance(backend, TemplateHost) else None
+        self._budget = budget
+        self._templates: dict[SandboxSpec, Template] = {}
+        self._locks: dict[SandboxSpec, anyio.Lock] = {}
+        # Sandbox kinds no template can serve here, and why.
+        self.unavailable: dict[SandboxSpec, str] = {}
+        self._tasks: TaskGroup | None = None
+
+    async def __aenter__(self) -> Zygotes:
+        self._tasks = anyio.create_task_group()
+        await self._tasks.__aenter__()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._tasks is not None
+        self._tasks.cancel_scope.cancel()
+        await self._tasks.__aexit__(exc_type, exc, tb)
+        self._tasks = None
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as removals:
+                for template in list(self._templates.values()):
+                    removals.start_soon(self._remove, template)
+            self._templates.clear()
+
+    def serves(self, language: Language, spec: SandboxSpec) -> bool:
+        """Whether calls of this kind go to a template (when it works here)."""
+        read_only_cache = spec.cache is None or not spec.cache.writable
+        return (
+            self._host is not None
+            and language.name == "python"
+            and read_only_cache
+            and spec.egress is None
+            and spec not in self.unavailable
+        )
+
+    def warm(self, language: Language, spec: SandboxSpec) -> None:
+        if self.serves(language, spec) and self._tasks is not None:
+            self._tasks.start_soon(self._template, language, spec)
+
+    async def run(
+        self, language: Language, spec: SandboxSpec, code: str, timeout: float, live: Live
+    ) -> ExecResult | None:
+        """Run a one-shot program in a fresh child of the kind's template, or None when no template can."""
+        if not self.serves(language, spec):
+            return None
+        template = await self._template(language, spec)
+        if template is None:
+            return None
+        with self._budget.held(spec.limits.memory_bytes, "a sandbox"):
+            try:
+                kernel, cgroup = await self._fork(template, timeout)
+            except ChildUnavailable as exc:
+                await self._give_up(spec, template, str(exc))
+                return None
+            try:
+                result = await kernel.run(
+                    code,
+                    mode="fork",
+                    echo=False,
+                    filename=str(WORKDIR / language.file_name),
+                    timeout=timeout,
+                    output_limit=self._settings.sandbox_output_limit,
+                    artifact_limit=self._settings.sandbox_artifact_limit,
+                    live=live,
+                )
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await kernel.aclose()
+                    self._discard(cgroup)
+        if kernel.collect_outside:
+            # The child's files lived in its own tmpfs, gone with it once it was killed.
+            result.artifacts = []
+            result.stderr += b"\n[the run was stopped before its output files could be read]\n"
+        return result
+
+    async def _template(self, language: Language, spec: SandboxSpec) -> Template | None:
+        lock = self._locks.setdefault(spec, anyio.Lock())
+        async with lock:
+            template = self._templates.get(spec)
+            if template is not None and template.kernel.alive:
+                return template
+            if template is not None:
+                await self._drop(spec, template)
+            if spec in self.unavailable:
+                return None
+            try:
+                template = await self._start(language, spec)
+            except SandboxError as exc:
+                self._mark(spec, f"its template did not start: {exc}")
+                return None
+            self._templates[spec] = template
+            while len(self._templates) > _MAX_TEMPLATES:
+                oldest = next(iter(self._templates))
+                await self._drop(oldest, self._templates[oldest])
+            return template
+
+    async def _start(self, language: Language, spec: SandboxSpec) -> Template:
+        from llm_sandbox_mcp.backends._bubblewrap.seccomp import FILTER
+
+        assert self._host is not None
+        charge = spec.limits.memory_bytes
+        self._budget.reserve(charge, "a Python template")
+        ref: SandboxRef | None = None
+        control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            ref = await self._backend.create(spec)
+            limits = spec.limits
+            config = {
+                "control": theirs.fileno(),
+                "workspace": limits.workspace_bytes,
+                "tmp": limits.tmp_bytes,
+                "seccomp": FILTER.hex(),
+                # The per-exec rlimits of the backend (`_confine`), which the child sets itself, CPU per call.
+                "rlimits": {
+                    "NOFILE": limits.nofile,
+                    "FSIZE": max(limits.workspace_bytes, limits.tmp_bytes),
+                    "CORE": 0,
+                    "NPROC": limits.pids,
+                },
+            }
+            argv = [
+                "python3", "-c", runner_source("python_zygote.py"), runner_source("python_kernel.py"),
+                json.dumps(config),
+            ]  # fmt: skip
+            env = {**sandbox_env(language, spec.cache is not None), **egress_env(spec), "LLM_SANDBOX_PRELOAD": "1"}
+            calls = self._settings.sandbox_max_concurrency
+            process = await self._host.start_template(ref, argv, env, theirs.fileno(), calls)
+            kernel = await Kernel.greet(self._backend, ref, process, "The Python zygote")
+        except BaseException:
+            control.close()
+            with anyio.CancelScope(shield=True):
+                if ref is not None:
+                    await self._backend.destroy(ref)
+            self._budget.release(charge)
+            raise
+        finally:
+            theirs.close()
+        control.setblocking(False)
+        return Template(ref, kernel, control, charge)
+
+    async def _fork(self, template: Template, timeout: float) -> tuple[Kernel, ChildCgroup]:
+        assert self._host is not None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            ours.setblocking(False)
+            try:
+                request = json.dumps({"cpu": math.ceil(timeout) + 1}).encode()
+                socket.send_fds(template.control, [request], [theirs.fileno()])
+            except OSError as exc:  # the zygote is gone or stuck
+                template.kernel.alive = False
+                raise ChildUnavailable(f"the template does not take requests ({exc.strerror})") from exc
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        cgroup: ChildCgroup | None = None
+        try:
+            pid, hello = await _hello(ours)
+            cgroup = await self._host.confine_child(template.ref, pid)
+            kernel = await Kernel.greet(self._backend, template.ref, SocketProcess(ours, hello), "A zygote child")
+        except BaseException as exc:
+            ours.close()
+            if cgroup is not None:
+                self._discard(cgroup)
+            if isinstance(exc, SandboxFailure) and not isinstance(exc, ChildUnavailable):
+                raise ChildUnavailable(str(exc)) from exc
+            raise
+        killer = cgroup
+
+        async def kill() -> None:
+            await anyio.to_thread.run_sync(killer.kill)
+
+        kernel.killer = kill
+        return kernel, cgroup
+
+    def _discard(self, cgroup: ChildCgroup) -> None:
+        """Remove a used cgroup (and anything left in it) off the call's path."""
+        if self._tasks is not None:
+            self._tasks.start_soon(self._remove_cgroup, cgroup)
+        else:
+            cgroup.remove()
+
+    async def _remove_cgroup(self, cgroup: ChildCgroup) -> None:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(cgroup.remove)
+
+    async def _give_up(self, spec: SandboxSpec, template: Template, reason: str) -> None:
+        """A child could not be made: a broken template is replaced next time, a host that cannot make
+        children sends this kind to the pool for good."""
+        if template.kernel.alive:
+            self._mark(spec, reason)
+        else:
+            logger.info("A Python template stopped (%s); the next call starts a new one", reason)
+        await self._drop(spec, template)
+
+    def _mark(self, spec: SandboxSpec, reason: str) -> None:
+        self.unavailable[spec] = reason
+        logger.warning("Python calls use the warm pool instead of a zygote: %s", reason)
+
+    async def _drop(self, spec: SandboxSpec, template: Template) -> None:
+        if self._templates.get(spec) is template:
+            del self._templates[spec]
+        await self._remove(template)
+
+    async def _remove(self, template: Template) -> None:
+        with anyio.CancelScope(shield=True):
+            template.control.close()
+            with contextlib.suppress(SandboxError):
+                await template.kernel.aclose()
+                await self._backend.destroy(template.ref)
+            self._budget.release(template.charged)
+            template.charged = 0
