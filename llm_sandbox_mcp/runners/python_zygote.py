@@ -9,8 +9,8 @@
 #   1. closes every descriptor but its socket; new user, mount, PID, network, IPC and UTS namespaces (the
 #      user namespace maps only its own uid and gid), then forks once more: the grandchild is PID 1 of the
 #      new PID namespace and the intermediate exits;
-#   2. fresh size-limited tmpfs on /workspace, /tmp and /dev/shm, a /proc of its own PID namespace, the
-#      loopback interface up, the host name "sandbox";
+#   2. fresh size-limited tmpfs on /workspace, /tmp and /dev/shm, a /proc of its own PID namespace, a devpts
+#      instance of its own, the loopback interface up, the host name "sandbox";
 #   3. sets the call's rlimits, sends the kernel's hello and waits for the request: the server sends it only
 #      once it has moved this process (known by the SCM_CREDENTIALS the kernel attaches to the hello) into a
 #      cgroup of its own;
@@ -98,6 +98,8 @@ def fresh_mounts():
     mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={CONFIG['tmp']},mode=1777")
     mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={CONFIG['tmp']},mode=1777")
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+    # bwrap's /dev/ptmx points into /dev/pts: a terminal of this call's own instance.
+    mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
     name = b"sandbox"
     check(LIBC.sethostname(name, len(name)), "sethostname")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
