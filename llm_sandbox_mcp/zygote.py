@@ -23,7 +23,7 @@ import math
 import socket
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Protocol, runtime_checkable
 
@@ -64,7 +64,9 @@ class TemplateHost(Protocol):
         self, ref: SandboxRef, argv: Sequence[str], env: Mapping[str, str], control_fd: int, calls: int
     ) -> SandboxProcess: ...
 
-    async def confine_child(self, ref: SandboxRef, pid: int) -> ChildCgroup: ...
+    async def child_cgroup(self, ref: SandboxRef) -> ChildCgroup: ...
+
+    async def confine_child(self, ref: SandboxRef, pid: int, cgroup: ChildCgroup) -> None: ...
 
 
 class ChildUnavailable(SandboxFailure):
@@ -105,6 +107,18 @@ class SocketProcess:
     def stderr_tail(self) -> bytes:
         return b""
 
+    def waiting(self) -> bool:
+        """Whether the child is still there and has said nothing since its hello (a child forked ahead)."""
+        if self._pending:
+            return False
+        try:
+            self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        return False
+
     async def aclose(self) -> None:
         self._sock.close()
 
@@ -135,22 +149,37 @@ async def _hello(sock: socket.socket) -> tuple[int, bytes]:
 
 
 @dataclass(eq=False)
+class Child:
+    """A child that made its sandbox, is in its own cgroup and waits for its one request."""
+
+    kernel: Kernel
+    cgroup: ChildCgroup
+
+
+@dataclass(eq=False)
 class Template:
+    spec: SandboxSpec
     ref: SandboxRef
     kernel: Kernel
     control: socket.socket
     charged: int
+    # Children forked ahead (pristine copies of the template, none has run anything), taken one per call.
+    ready: list[Child] = field(default_factory=lambda: list[Child]())
+    forking: int = 0
+    in_service: bool = True
 
 
 class Zygotes:
     """The templates of this server, one per sandbox kind, with the calls they fork. Use as an async context
-    manager (it removes used cgroups in the background and the templates at the end)."""
+    manager: children are forked ahead and used cgroups removed in the background, templates at the end."""
 
     def __init__(self, settings: Settings, backend: Backend, budget: MemoryBudget) -> None:
         self._settings = settings
         self._backend = backend
         self._host = backend if settings.sandbox_zygote and isinstance(backend, TemplateHost) else None
         self._budget = budget
+        # Like the pool's: how many sandboxes of a kind are ready before a call needs one.
+        self._ahead = settings.sandbox_pool_size
         self._templates: dict[SandboxSpec, Template] = {}
         self._locks: dict[SandboxSpec, anyio.Lock] = {}
         # Sandbox kinds no template can serve here, and why.
@@ -200,13 +229,16 @@ class Zygotes:
         if template is None:
             return None
         with self._budget.held(spec.limits.memory_bytes, "a sandbox"):
+            child = await self._take(template)
+            if child is None:
+                try:
+                    child = await self._fork(template)
+                except ChildUnavailable as exc:
+                    await self._give_up(template, str(exc))
+                    return None
+            self._refill(template)
             try:
-                kernel, cgroup = await self._fork(template, timeout)
-            except ChildUnavailable as exc:
-                await self._give_up(spec, template, str(exc))
-                return None
-            try:
-                result = await kernel.run(
+                result = await child.kernel.run(
                     code,
                     mode="fork",
                     echo=False,
@@ -218,13 +250,21 @@ class Zygotes:
                 )
             finally:
                 with anyio.CancelScope(shield=True):
-                    await kernel.aclose()
-                    self._discard(cgroup)
-        if kernel.collect_outside:
+                    await self._close(child)
+        if child.kernel.collect_outside:
             # The child's files lived in its own tmpfs, gone with it once it was killed.
             result.artifacts = []
             result.stderr += b"\n[the run was stopped before its output files could be read]\n"
         return result
+
+    async def _take(self, template: Template) -> Child | None:
+        """A child forked ahead that is still waiting, if there is one."""
+        while template.ready:
+            child = template.ready.pop(0)
+            if isinstance(child.kernel.process, SocketProcess) and child.kernel.process.waiting():
+                return child
+            await self._close(child)
+        return None
 
     async def _template(self, language: Language, spec: SandboxSpec) -> Template | None:
         lock = self._locks.setdefault(spec, anyio.Lock())
@@ -233,7 +273,7 @@ class Zygotes:
             if template is not None and template.kernel.alive:
                 return template
             if template is not None:
-                await self._drop(spec, template)
+                await self._drop(template)
             if spec in self.unavailable:
                 return None
             try:
@@ -243,8 +283,8 @@ class Zygotes:
                 return None
             self._templates[spec] = template
             while len(self._templates) > _MAX_TEMPLATES:
-                oldest = next(iter(self._templates))
-                await self._drop(oldest, self._templates[oldest])
+                await self._drop(next(iter(self._templates.values())))
+            self._refill(template)
             return template
 
     async def _start(self, language: Language, spec: SandboxSpec) -> Template:
@@ -263,20 +303,23 @@ class Zygotes:
                 "workspace": limits.workspace_bytes,
                 "tmp": limits.tmp_bytes,
                 "seccomp": FILTER.hex(),
-                # The per-exec rlimits of the backend (`_confine`), which the child sets itself, CPU per call.
+                # The per-exec rlimits of the backend (`_confine`), which each child sets itself. Children are
+                # forked ahead of their call, so CPU time is bounded by the longest timeout allowed (the call's
+                # own timeout is enforced from outside, by killing its cgroup).
                 "rlimits": {
                     "NOFILE": limits.nofile,
                     "FSIZE": max(limits.workspace_bytes, limits.tmp_bytes),
                     "CORE": 0,
                     "NPROC": limits.pids,
                 },
+                "cpu": math.ceil(self._settings.sandbox_max_timeout) + 1,
             }
             argv = [
                 "python3", "-c", runner_source("python_zygote.py"), runner_source("python_kernel.py"),
                 json.dumps(config),
             ]  # fmt: skip
             env = {**sandbox_env(language, spec.cache is not None), **egress_env(spec), "LLM_SANDBOX_PRELOAD": "1"}
-            calls = self._settings.sandbox_max_concurrency
+            calls = self._settings.sandbox_max_concurrency + self._ahead
             process = await self._host.start_template(ref, argv, env, theirs.fileno(), calls)
             kernel = await Kernel.greet(self._backend, ref, process, "The Python zygote")
         except BaseException:
@@ -289,17 +332,17 @@ class Zygotes:
         finally:
             theirs.close()
         control.setblocking(False)
-        return Template(ref, kernel, control, charge)
+        return Template(spec, ref, kernel, control, charge)
 
-    async def _fork(self, template: Template, timeout: float) -> tuple[Kernel, ChildCgroup]:
+    async def _fork(self, template: Template) -> Child:
+        """A new child of `template`, ready for its request. Raises ChildUnavailable."""
         assert self._host is not None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             ours.setblocking(False)
             try:
-                request = json.dumps({"cpu": math.ceil(timeout) + 1}).encode()
-                socket.send_fds(template.control, [request], [theirs.fileno()])
+                socket.send_fds(template.control, [b"F"], [theirs.fileno()])
             except OSError as exc:  # the zygote is gone or stuck
                 template.kernel.alive = False
                 raise ChildUnavailable(f"the template does not take requests ({exc.strerror})") from exc
@@ -311,7 +354,8 @@ class Zygotes:
         cgroup: ChildCgroup | None = None
         try:
             pid, hello = await _hello(ours)
-            cgroup = await self._host.confine_child(template.ref, pid)
+            cgroup = await self._host.child_cgroup(template.ref)
+            await self._host.confine_child(template.ref, pid, cgroup)
             kernel = await Kernel.greet(self._backend, template.ref, SocketProcess(ours, hello), "A zygote child")
         except BaseException as exc:
             ours.close()
@@ -326,7 +370,35 @@ class Zygotes:
             await anyio.to_thread.run_sync(killer.kill)
 
         kernel.killer = kill
-        return kernel, cgroup
+        return Child(kernel, cgroup)
+
+    def _refill(self, template: Template) -> None:
+        if self._tasks is None or not template.in_service:
+            return
+        for _ in range(len(template.ready) + template.forking, self._ahead):
+            template.forking += 1
+            self._tasks.start_soon(self._fork_ahead, template)
+
+    async def _fork_ahead(self, template: Template) -> None:
+        try:
+            child = await self._fork(template)
+        except ChildUnavailable as exc:
+            await self._give_up(template, str(exc))
+            return
+        except SandboxError as exc:  # background work never ends the server
+            logger.info("Could not fork a Python sandbox ahead: %s", exc)
+            return
+        finally:
+            template.forking -= 1
+        if template.in_service:
+            template.ready.append(child)
+        else:
+            await self._close(child)
+
+    async def _close(self, child: Child) -> None:
+        """End a child (its socket closed: a child still waiting for its request exits) and its cgroup."""
+        await child.kernel.aclose()
+        self._discard(child.cgroup)
 
     def _discard(self, cgroup: ChildCgroup) -> None:
         """Remove a used cgroup (and anything left in it) off the call's path."""
@@ -339,26 +411,32 @@ class Zygotes:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(cgroup.remove)
 
-    async def _give_up(self, spec: SandboxSpec, template: Template, reason: str) -> None:
+    async def _give_up(self, template: Template, reason: str) -> None:
         """A child could not be made: a broken template is replaced next time, a host that cannot make
         children sends this kind to the pool for good."""
+        if not template.in_service:
+            return
         if template.kernel.alive:
-            self._mark(spec, reason)
+            self._mark(template.spec, reason)
         else:
             logger.info("A Python template stopped (%s); the next call starts a new one", reason)
-        await self._drop(spec, template)
+        await self._drop(template)
 
     def _mark(self, spec: SandboxSpec, reason: str) -> None:
         self.unavailable[spec] = reason
         logger.warning("Python calls use the warm pool instead of a zygote: %s", reason)
 
-    async def _drop(self, spec: SandboxSpec, template: Template) -> None:
-        if self._templates.get(spec) is template:
-            del self._templates[spec]
+    async def _drop(self, template: Template) -> None:
+        if self._templates.get(template.spec) is template:
+            del self._templates[template.spec]
         await self._remove(template)
 
     async def _remove(self, template: Template) -> None:
         with anyio.CancelScope(shield=True):
+            template.in_service = False
+            ready, template.ready = template.ready, []
+            for child in ready:
+                await self._close(child)
             template.control.close()
             with contextlib.suppress(SandboxError):
                 await template.kernel.aclose()

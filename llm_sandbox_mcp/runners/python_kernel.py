@@ -243,7 +243,7 @@ def wait_forwarded(fds):
 
 def drain(fds):
     """Forward everything already written to the pipes, without waiting for writers that stay alive."""
-    while True:
+    while fds:  # select on no descriptors would just sleep its timeout
         ready, _, _ = select.select(fds, [], [], 0.02)
         if not ready:
             return

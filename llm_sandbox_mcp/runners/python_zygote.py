@@ -108,10 +108,10 @@ def fresh_mounts():
         fcntl.ioctl(probe.fileno(), SIOCSIFFLAGS, IFREQ.pack(b"lo", flags | IFF_UP))
 
 
-def set_rlimits(cpu_seconds):
+def set_rlimits():
     """The sandbox's rlimits, lowered only (CPU: SIGXCPU at the soft limit, SIGKILL a little later)."""
     wanted = {name: (value, value) for name, value in CONFIG["rlimits"].items()}
-    wanted["CPU"] = (cpu_seconds, cpu_seconds + 5)
+    wanted["CPU"] = (CONFIG["cpu"], CONFIG["cpu"] + 5)
     for name, (soft, hard) in wanted.items():
         kind = getattr(resource, "RLIMIT_" + name)
         _, ceiling = resource.getrlimit(kind)
@@ -133,11 +133,11 @@ def lock_down():
     check(LIBC.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(program), 0, 0), "seccomp")
 
 
-def child(fd, cpu_seconds):
+def child(fd):
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     only_socket(fd)
     try:
-        set_rlimits(cpu_seconds)
+        set_rlimits()
         new_namespaces()
         if os.fork() != 0:
             os._exit(0)
@@ -181,7 +181,7 @@ def main():
     kernel.send(b"H", json.dumps({"pid": os.getpid(), "python": sys.version.split()[0]}).encode())
     while True:
         try:
-            message, fds, _, _ = socket.recv_fds(control, 256, 4)
+            message, fds, _, _ = socket.recv_fds(control, 16, 4)
         except InterruptedError:
             continue
         if not message and not fds:
@@ -190,14 +190,9 @@ def main():
             os.close(extra)
         if not fds:
             continue
-        try:
-            cpu_seconds = int(json.loads(message)["cpu"])
-        except (ValueError, KeyError, TypeError):
-            os.close(fds[0])
-            continue
         if os.fork() == 0:
             try:
-                child(fds[0], cpu_seconds)
+                child(fds[0])
             finally:
                 os._exit(1)
         os.close(fds[0])

@@ -33,10 +33,13 @@ status = dict(line.split(":\\t", 1) for line in open("/proc/self/status").read()
 """
 
 
-@pytest.fixture
+# Children forked when a call comes, and forked ahead (SANDBOX_POOL_SIZE) and waiting for their call.
+@pytest.fixture(params=[0, 2], ids=["on-demand", "forked-ahead"])
 async def executor(request: pytest.FixtureRequest) -> AsyncIterator[Executor]:
     await require(request, "bubblewrap")
-    settings = engine_settings("bubblewrap", sandbox_zygote=True, sandbox_max_concurrency=4)
+    settings = engine_settings(
+        "bubblewrap", sandbox_zygote=True, sandbox_max_concurrency=4, sandbox_pool_size=request.param
+    )
     backend = load_backend("bubblewrap", settings)
     try:
         async with Executor(settings, backend) as executor:

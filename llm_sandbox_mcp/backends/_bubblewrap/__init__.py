@@ -554,26 +554,29 @@ class BubblewrapBackend(HostSandbox[Bwrap]):
         process = await self._launch(host, box, command, (seccomp,), None, nproc=nproc, keep=(control_fd,))
         return PipeProcess(process)
 
-    async def confine_child(self, ref: SandboxRef, pid: int) -> Cgroup:
-        """A cgroup of its own, with the sandbox's limits, for the template's child at host pid `pid` (only a
-        process in the template's cgroup qualifies). The caller removes it. The child sets its own rlimits
-        (lowering them needs no privilege; setting another user's from here needs CAP_SYS_RESOURCE)."""
+    async def child_cgroup(self, ref: SandboxRef) -> Cgroup:
+        """A new cgroup with the sandbox's limits, for one child of its template (the caller removes it)."""
         box = self._box(ref)
         host = await self._host()
-        return await anyio.to_thread.run_sync(self._confine_child, host, box, pid)
-
-    def _confine_child(self, host: HostInfo[Bwrap], box: Sandbox, pid: int) -> Cgroup:
-        if pid not in box.cgroup.pids():
-            raise SandboxFailure(f"process {pid} is not a child of the sandbox's template")
-        cgroup = host.cgroups.create(f"call-{uuid.uuid4().hex}", box.spec.limits)
+        cgroup = await anyio.to_thread.run_sync(host.cgroups.create, f"call-{uuid.uuid4().hex}", box.spec.limits)
         if cgroup is None:
             raise SandboxFailure(f"bubblewrap could not make a call's cgroup: {host.cgroups.problem}")
+        return cgroup
+
+    async def confine_child(self, ref: SandboxRef, pid: int, cgroup: Cgroup) -> None:
+        """Move the template's child at host pid `pid` (only a process in the template's cgroup qualifies) into
+        `cgroup`. The child sets its own rlimits (lowering them needs no privilege; setting another user's from
+        here needs CAP_SYS_RESOURCE, which containers often lack)."""
+        box = self._box(ref)
+        await anyio.to_thread.run_sync(self._confine_child, box, pid, cgroup)
+
+    def _confine_child(self, box: Sandbox, pid: int, cgroup: Cgroup) -> None:
+        if pid not in box.cgroup.pids():
+            raise SandboxFailure(f"process {pid} is not a child of the sandbox's template")
         try:
             cgroup.place(pid)
         except OSError as exc:
-            cgroup.remove()
             raise SandboxFailure(f"Could not move a zygote child into its cgroup: {exc}") from exc
-        return cgroup
 
 
 async def holder_error(holder: Process) -> str:
