@@ -178,7 +178,25 @@ async def _doctor(settings: Settings) -> int:
     sys.stdout.write(f"configured backend: {chosen.name} (usable; {why})\n")
     for line in egress_report(settings, chosen.install_network):
         sys.stdout.write(f"egress: {line}\n")
+    if settings.sandbox_zygote:
+        sys.stdout.write(f"zygote: {await _zygote_line(settings)}\n")
     return 0
+
+
+async def _zygote_line(settings: Settings) -> str:
+    from llm_sandbox_mcp.backends import select_backend
+    from llm_sandbox_mcp.executor import Executor
+    from llm_sandbox_mcp.languages import get_language
+
+    backend, _ = await select_backend(settings)
+    try:
+        async with Executor(settings, backend) as executor:
+            python = get_language("python")
+            return await executor.zygotes.check(python, executor.spec_for(python))
+    except SandboxError as exc:
+        return f"not checked: {exc}"
+    finally:
+        await backend.aclose()
 
 
 def _seccomp_line(name: str, settings: Settings) -> str:

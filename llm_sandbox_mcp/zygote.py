@@ -70,7 +70,12 @@ class TemplateHost(Protocol):
 
 
 class ChildUnavailable(SandboxFailure):
-    """A template could not give a call a child sandbox (the call then takes the pool)."""
+    """A template could not give a call a child sandbox (the call then takes the pool). `host`: the child said
+    it cannot make its sandbox here, so no template of this kind will."""
+
+    def __init__(self, message: str, host: bool = False) -> None:
+        super().__init__(message)
+        self.host = host
 
 
 class SocketProcess:
@@ -144,7 +149,9 @@ async def _hello(sock: socket.socket) -> tuple[int, bytes]:
             pid = _CREDENTIALS.unpack_from(body)[0]
     if not data.startswith(b"H") or pid <= 0:
         said = data.decode("utf-8", errors="replace").strip()[:500]
-        raise ChildUnavailable(said or "a zygote child ended before it was ready")
+        raise (
+            ChildUnavailable(said, host=True) if said else ChildUnavailable("a zygote child ended before it was ready")
+        )
     return pid, data
 
 
@@ -219,6 +226,17 @@ class Zygotes:
         if self.serves(language, spec) and self._tasks is not None:
             self._tasks.start_soon(self._template, language, spec)
 
+    async def check(self, language: Language, spec: SandboxSpec) -> str:
+        """For `doctor`: whether calls of this kind run in zygote children here, or why not."""
+        if self._host is None:
+            return f"not used: BACKEND={self._backend.name} has no zygote (bubblewrap only)"
+        result = await self.run(language, spec, "print(1)", 30, Live())
+        if result is None:
+            return f"not used, calls take the pool: {self.unavailable.get(spec, 'the template is not available')}"
+        if result.exit_code != 0 or result.stdout != b"1\n":
+            return f"a child's run failed (exit {result.exit_code}); calls still use it"
+        return "works: Python one-shot calls run in children of a template"
+
     async def run(
         self, language: Language, spec: SandboxSpec, code: str, timeout: float, live: Live
     ) -> ExecResult | None:
@@ -234,7 +252,7 @@ class Zygotes:
                 try:
                     child = await self._fork(template)
                 except ChildUnavailable as exc:
-                    await self._give_up(template, str(exc))
+                    await self._give_up(template, exc)
                     return None
             self._refill(template)
             try:
@@ -354,23 +372,33 @@ class Zygotes:
         cgroup: ChildCgroup | None = None
         try:
             pid, hello = await _hello(ours)
-            cgroup = await self._host.child_cgroup(template.ref)
+            cgroup = await self._child_cgroup(template)
             await self._host.confine_child(template.ref, pid, cgroup)
             kernel = await Kernel.greet(self._backend, template.ref, SocketProcess(ours, hello), "A zygote child")
         except BaseException as exc:
             ours.close()
             if cgroup is not None:
-                self._discard(cgroup)
+                with anyio.CancelScope(shield=True):
+                    await self._discard(cgroup)
             if isinstance(exc, SandboxFailure) and not isinstance(exc, ChildUnavailable):
                 raise ChildUnavailable(str(exc)) from exc
             raise
+        assert cgroup is not None
         killer = cgroup
 
         async def kill() -> None:
             await anyio.to_thread.run_sync(killer.kill)
 
         kernel.killer = kill
-        return Child(kernel, cgroup)
+        return Child(kernel, killer)
+
+    async def _child_cgroup(self, template: Template) -> ChildCgroup:
+        assert self._host is not None
+        made: ChildCgroup | None = None
+        with anyio.CancelScope(shield=True):  # once made it must be removed: not lost to a cancellation
+            made = await self._host.child_cgroup(template.ref)
+        assert made is not None
+        return made
 
     def _refill(self, template: Template) -> None:
         if self._tasks is None or not template.in_service:
@@ -383,7 +411,7 @@ class Zygotes:
         try:
             child = await self._fork(template)
         except ChildUnavailable as exc:
-            await self._give_up(template, str(exc))
+            await self._give_up(template, exc)
             return
         except SandboxError as exc:  # background work never ends the server
             logger.info("Could not fork a Python sandbox ahead: %s", exc)
@@ -398,28 +426,28 @@ class Zygotes:
     async def _close(self, child: Child) -> None:
         """End a child (its socket closed: a child still waiting for its request exits) and its cgroup."""
         await child.kernel.aclose()
-        self._discard(child.cgroup)
+        await self._discard(child.cgroup)
 
-    def _discard(self, cgroup: ChildCgroup) -> None:
-        """Remove a used cgroup (and anything left in it) off the call's path."""
+    async def _discard(self, cgroup: ChildCgroup) -> None:
+        """Remove a used cgroup (and anything left in it), off the call's path while the server runs."""
         if self._tasks is not None:
             self._tasks.start_soon(self._remove_cgroup, cgroup)
         else:
-            cgroup.remove()
+            await self._remove_cgroup(cgroup)
 
     async def _remove_cgroup(self, cgroup: ChildCgroup) -> None:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(cgroup.remove)
 
-    async def _give_up(self, template: Template, reason: str) -> None:
-        """A child could not be made: a broken template is replaced next time, a host that cannot make
-        children sends this kind to the pool for good."""
+    async def _give_up(self, template: Template, problem: ChildUnavailable) -> None:
+        """A child could not be made: a host that cannot make children sends this kind to the pool for good,
+        anything else replaces the template at the next call."""
         if not template.in_service:
             return
-        if template.kernel.alive:
-            self._mark(template.spec, reason)
+        if problem.host:
+            self._mark(template.spec, str(problem))
         else:
-            logger.info("A Python template stopped (%s); the next call starts a new one", reason)
+            logger.info("A Python template is replaced (%s); this call takes the pool", problem)
         await self._drop(template)
 
     def _mark(self, spec: SandboxSpec, reason: str) -> None:

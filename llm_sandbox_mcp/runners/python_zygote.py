@@ -11,12 +11,12 @@
 #      new PID namespace and the intermediate exits;
 #   2. fresh size-limited tmpfs on /workspace, /tmp and /dev/shm, a /proc of its own PID namespace, a devpts
 #      instance of its own, the loopback interface up, the host name "sandbox";
-#   3. sets the call's rlimits, sends the kernel's hello and waits for the request: the server sends it only
-#      once it has moved this process (known by the SCM_CREDENTIALS the kernel attaches to the hello) into a
-#      cgroup of its own;
-#   4. drops every capability (bounding, ambient, effective, permitted, inheritable), sets no_new_privs and
-#      the same seccomp filter every bubblewrap exec gets (which forbids new namespaces and mounts), and runs
-#      the request as the kernel's fork mode does.
+#   3. sets the sandbox's rlimits, drops every capability (bounding, ambient, effective, permitted,
+#      inheritable), sets no_new_privs and the same seccomp filter every bubblewrap exec gets (which forbids
+#      new namespaces and mounts);
+#   4. sends the kernel's hello and waits for the request: the server sends it only once it has moved this
+#      process (known by the SCM_CREDENTIALS the kernel attaches to the hello) into a cgroup of its own; then
+#      runs it as the kernel's fork mode does.
 # Must run on any Python 3.9+ (socket.recv_fds). Prints nothing of its own.
 import ctypes
 import fcntl
@@ -150,6 +150,8 @@ def child(fd):
         kernel.STDIN = os.fdopen(os.dup(SOCKET_FD), "rb", buffering=0)
         kernel.note_existing()
         kernel.write_files()
+        # Locked down before it waits: a child forked ahead waits for its call with no privilege left.
+        lock_down()
     except Exception as exc:
         # Before the hello, the server takes whatever arrives for the reason this host cannot make children.
         os.write(SOCKET_FD, f"zygote child setup failed: {exc}".encode()[:1000])
@@ -161,7 +163,6 @@ def child(fd):
         os._exit(0)
     if kind != b"R":
         os._exit(1)
-    lock_down()
     header, _, code = payload.partition(b"\n")
     request = json.loads(header.decode("utf-8"))
     request["code"] = code.decode("utf-8", errors="replace")

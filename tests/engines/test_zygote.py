@@ -18,6 +18,7 @@ import pytest
 from llm_sandbox_mcp.backends import _bubblewrap, load_backend
 from llm_sandbox_mcp.backends._bubblewrap.seccomp import FILTER
 from llm_sandbox_mcp.executor import Executor
+from llm_sandbox_mcp.languages import get_language
 from llm_sandbox_mcp.models import Execution, Live
 from tests.engines.conftest import engine_settings, require
 from tests.engines.test_bubblewrap import MARKER, host_processes, until
@@ -202,6 +203,8 @@ async def test_user_code_is_locked_down(executor: Executor) -> None:
     after = await forked(executor, "print('still here')")
     assert after.stdout == "still here\n"
     assert executor.zygotes._templates == templates  # pyright: ignore[reportPrivateUsage]
+    python = get_language("python")
+    assert (await executor.zygotes.check(python, executor.spec_for(python))).startswith("works")
 
 
 def pids_cgroup(pid: int) -> tuple[str, str]:
@@ -267,3 +270,5 @@ async def test_a_host_where_children_cannot_be_made_uses_the_pool(
     [reason] = executor.zygotes.unavailable.values()
     assert "unshare" in reason
     assert (await executor.execute("print(1)")).stdout == "1\n"
+    python = get_language("python")
+    assert (await executor.zygotes.check(python, executor.spec_for(python))).startswith("not used")
