@@ -21,6 +21,7 @@
 import ctypes
 import fcntl
 import gc
+import io
 import json
 import os
 import resource
@@ -170,11 +171,26 @@ def child(fd):
     os._exit(0)
 
 
+def warm_matplotlib():
+    """Draw and render one figure, so fonts and the Agg renderer are loaded before any child is forked."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None:
+        return
+    try:
+        figure = pyplot.figure()
+        figure.gca().plot([0, 1])
+        figure.savefig(io.BytesIO(), format="png")
+    except Exception:
+        pass
+    pyplot.close("all")
+
+
 def main():
     control = socket.socket(fileno=CONFIG["control"])
     INHERITED.extend((kernel.PROTO, kernel.STDIN, control))
     kernel.not_dumpable()
     kernel.prepare()
+    warm_matplotlib()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel; none reports back
     # What is loaded now is never collected: a child's collector then does not walk (and copy) every page of it.
     gc.collect()

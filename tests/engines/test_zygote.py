@@ -8,6 +8,7 @@ is PID 1 (in a pooled sandbox PID 1 is the holder's shell and the kernel is the 
 from __future__ import annotations
 
 import json
+import socket
 import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,11 +16,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from llm_sandbox_mcp.backends import _bubblewrap, load_backend
+from llm_sandbox_mcp.backends import _bubblewrap, _owner, load_backend
+from llm_sandbox_mcp.backends._bubblewrap import BubblewrapBackend
+from llm_sandbox_mcp.backends._bubblewrap.host import state_root
 from llm_sandbox_mcp.backends._bubblewrap.seccomp import FILTER
 from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import get_language
-from llm_sandbox_mcp.models import Execution, Live
+from llm_sandbox_mcp.models import Execution, Limits, Live, SandboxSpec
 from tests.engines.conftest import engine_settings, require
 from tests.engines.test_bubblewrap import MARKER, host_processes, until
 
@@ -272,3 +275,29 @@ async def test_a_host_where_children_cannot_be_made_uses_the_pool(
     assert (await executor.execute("print(1)")).stdout == "1\n"
     python = get_language("python")
     assert (await executor.zygotes.check(python, executor.spec_for(python))).startswith("not used")
+
+
+async def test_sweep_removes_the_cgroups_of_a_dead_servers_children(request: pytest.FixtureRequest) -> None:
+    await require(request, "bubblewrap")
+    server, after_restart = BubblewrapBackend(None), BubblewrapBackend(None)
+    try:
+        ref = await server.create(SandboxSpec("host", Limits()))
+        children = [await server.child_cgroup(ref) for _ in range(2)]
+        # The server is killed: its record now names an owner that is gone.
+        record = state_root() / "sandboxes" / f"{ref.id}.json"
+        dead = {
+            _owner.MANAGED: "true",
+            _owner.INSTANCE: "dead",
+            _owner.HOST: socket.gethostname(),
+            _owner.PID: "999999999",
+            _owner.STARTED: "1",
+        }
+        record.write_text(json.dumps({**json.loads(record.read_text()), "labels": dead}))
+        assert all(directory.is_dir() for cgroup in children for directory in cgroup.dirs)
+        assert await after_restart.sweep() >= 1
+        assert not record.exists()
+        assert not any(directory.exists() for cgroup in children for directory in cgroup.dirs)
+        await server.destroy(ref)
+    finally:
+        await server.aclose()
+        await after_restart.aclose()

@@ -74,6 +74,8 @@ _START_SECONDS = 30.0
 _DRAIN_SECONDS = 3.0
 # After a normal exit: a background process the command left running may keep the pipes open for good.
 _EXIT_DRAIN_SECONDS = 0.5
+# The cgroup of one zygote child: this prefix, its template's sandbox id, a dash.
+CALL_CGROUP_PREFIX = "call-"
 _USERNS_ERRORS = ("No permissions to creat", "setting up uid map", "uid_map", "Operation not permitted")
 
 
@@ -441,8 +443,15 @@ class HostSandbox(Generic[J]):
                 continue
             if not _owner.owner_is_gone(record.get("labels") or {}):
                 continue
-            # The holder died with its server (--die-with-parent); only its cgroups can outlive it.
-            existing(record.get("cgroups") or []).remove()
+            # The holder died with its server (--die-with-parent); only its cgroups can outlive it, and those
+            # of its zygote children beside them.
+            recorded: list[str] = record.get("cgroups") or []
+            children = [
+                str(path)
+                for directory in recorded
+                for path in Path(directory).parent.glob(f"{CALL_CGROUP_PREFIX}{state_file.stem}-*")
+            ]
+            existing([*children, *recorded]).remove()
             state_file.unlink(missing_ok=True)
             swept += 1
         return swept
@@ -558,7 +567,9 @@ class BubblewrapBackend(HostSandbox[Bwrap]):
         """A new cgroup with the sandbox's limits, for one child of its template (the caller removes it)."""
         box = self._box(ref)
         host = await self._host()
-        cgroup = await anyio.to_thread.run_sync(host.cgroups.create, f"call-{uuid.uuid4().hex}", box.spec.limits)
+        # Named after the template's sandbox, so a sweep after a crash finds them by its record.
+        name = f"{CALL_CGROUP_PREFIX}{box.id}-{uuid.uuid4().hex[:16]}"
+        cgroup = await anyio.to_thread.run_sync(host.cgroups.create, name, box.spec.limits)
         if cgroup is None:
             raise SandboxFailure(f"bubblewrap could not make a call's cgroup: {host.cgroups.problem}")
         return cgroup
