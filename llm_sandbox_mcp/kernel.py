@@ -44,6 +44,11 @@ _INTERRUPT_GRACE = 2.0
 _CANCEL_GRACE = 1.0
 
 
+def encode_frame(kind: bytes, payload: bytes = b"") -> bytes:
+    """One frame of the protocol, as the server sends it."""
+    return _HEADER.pack(kind, len(payload)) + payload
+
+
 class KernelDied(SandboxFailure):
     """The kernel process ended or broke the protocol."""
 
@@ -174,7 +179,7 @@ class Kernel:
         try:
             # A kernel that does not read (stopped by the code of an earlier cell) cannot hold the call past its time.
             with anyio.fail_after(timeout):
-                await self.process.send(_HEADER.pack(b"R", len(payload)) + payload)
+                await self.process.send(encode_frame(b"R", payload))
             sent = True
             while exit_code is None:
                 frame = await self._next_frame(deadline)

@@ -36,7 +36,7 @@ from llm_sandbox_mcp.budget import MemoryBudget
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.egress.relay import egress_env
 from llm_sandbox_mcp.errors import SandboxError, SandboxFailure
-from llm_sandbox_mcp.kernel import Kernel
+from llm_sandbox_mcp.kernel import Kernel, encode_frame
 from llm_sandbox_mcp.languages import Language, runner_source, sandbox_env
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, Live, SandboxRef, SandboxSpec
 
@@ -189,8 +189,9 @@ class Zygotes:
         self._ahead = settings.sandbox_pool_size
         self._templates: dict[SandboxSpec, Template] = {}
         self._locks: dict[SandboxSpec, anyio.Lock] = {}
-        # Sandbox kinds no template can serve here, and why.
+        # Sandbox kinds no template can serve here, and why; how many calls children ran.
         self.unavailable: dict[SandboxSpec, str] = {}
+        self.served = 0
         self._tasks: TaskGroup | None = None
 
     async def __aenter__(self) -> Zygotes:
@@ -255,6 +256,7 @@ class Zygotes:
                     await self._give_up(template, exc)
                     return None
             self._refill(template)
+            self.served += 1
             try:
                 result = await child.kernel.run(
                     code,
@@ -374,7 +376,9 @@ class Zygotes:
             pid, hello = await _hello(ours)
             cgroup = await self._child_cgroup(template)
             await self._host.confine_child(template.ref, pid, cgroup)
-            kernel = await Kernel.greet(self._backend, template.ref, SocketProcess(ours, hello), "A zygote child")
+            process = SocketProcess(ours, hello)
+            kernel = await Kernel.greet(self._backend, template.ref, process, "A zygote child")
+            await process.send(encode_frame(b"G"))  # in its cgroup: it may start the program's process
         except BaseException as exc:
             ours.close()
             if cgroup is not None:

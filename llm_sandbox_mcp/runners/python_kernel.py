@@ -263,24 +263,39 @@ def status_of(wait_status):
     return os.WEXITSTATUS(wait_status)
 
 
-def run_forked(request):
+def fork_program():
+    """Fork the process that runs a one-shot request, waiting for the request on a pipe of its own (a zygote
+    child forks it before its call comes). Returns its pid, its stdout and stderr, and the request pipe."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    before = snapshot()
+    request_r, request_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.setsid()
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
-        for fd in (out_r, out_w, err_r, err_w):
+        for fd in (out_r, out_w, err_r, err_w, request_w):
             os.close(fd)
         PROTO.close()
         STDIN.close()
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        with os.fdopen(request_r, "rb") as pipe:
+            request = json.loads(pipe.read().decode("utf-8"))
         namespace = fresh_main(request["filename"])
         os._exit(run_code(request, namespace))
-    os.close(out_w)
-    os.close(err_w)
+    for fd in (out_w, err_w, request_r):
+        os.close(fd)
+    return pid, out_r, err_r, request_w
+
+
+def run_forked(request, program=None):
+    before = snapshot()
+    pid, out_r, err_r, request_w = program or fork_program()
+    try:
+        with os.fdopen(request_w, "wb") as pipe:
+            pipe.write(json.dumps(request).encode("utf-8"))
+    except BrokenPipeError:
+        pass  # it died first (its status says how)
     fds = [out_r, err_r]
     kinds = {out_r: b"O", err_r: b"E"}
     open_fds = list(fds)

@@ -14,9 +14,10 @@
 #   3. sets the sandbox's rlimits, drops every capability (bounding, ambient, effective, permitted,
 #      inheritable), sets no_new_privs and the same seccomp filter every bubblewrap exec gets (which forbids
 #      new namespaces and mounts);
-#   4. sends the kernel's hello and waits for the request: the server sends it only once it has moved this
+#   4. sends the kernel's hello and waits: the server sends "G" (an empty frame) only once it has moved this
 #      process (known by the SCM_CREDENTIALS the kernel attaches to the hello) into a cgroup of its own; then
-#      runs it as the kernel's fork mode does.
+#      forks the program's process (python_kernel.fork_program), which waits for the request, and runs the
+#      request when it comes as the kernel's fork mode does.
 # Must run on any Python 3.9+ (socket.recv_fds). Prints nothing of its own.
 import ctypes
 import fcntl
@@ -159,6 +160,9 @@ def child(fd):
         os._exit(1)
     kernel.send(b"H", json.dumps({"pid": os.getpid(), "python": sys.version.split()[0]}).encode())
     try:
+        placed, _ = kernel.receive()
+        # In its cgroup now: the program's process is forked ahead, in there, and waits for the request.
+        program = kernel.fork_program() if placed == b"G" else os._exit(1)
         kind, payload = kernel.receive()
     except EOFError:
         os._exit(0)
@@ -167,7 +171,7 @@ def child(fd):
     header, _, code = payload.partition(b"\n")
     request = json.loads(header.decode("utf-8"))
     request["code"] = code.decode("utf-8", errors="replace")
-    kernel.run_forked(request)
+    kernel.run_forked(request, program)
     os._exit(0)
 
 

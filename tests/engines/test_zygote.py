@@ -8,7 +8,6 @@ is PID 1 (in a pooled sandbox PID 1 is the holder's shell and the kernel is the 
 from __future__ import annotations
 
 import json
-import socket
 import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,15 +15,16 @@ from pathlib import Path
 import anyio
 import pytest
 
-from llm_sandbox_mcp.backends import _bubblewrap, _owner, load_backend
+from llm_sandbox_mcp.backends import _bubblewrap, load_backend
 from llm_sandbox_mcp.backends._bubblewrap import BubblewrapBackend
 from llm_sandbox_mcp.backends._bubblewrap.host import state_root
 from llm_sandbox_mcp.backends._bubblewrap.seccomp import FILTER
 from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import get_language
 from llm_sandbox_mcp.models import Execution, Limits, Live, SandboxSpec
+from tests.engines import test_contract as contract
 from tests.engines.conftest import engine_settings, require
-from tests.engines.test_bubblewrap import MARKER, host_processes, until
+from tests.engines.test_bubblewrap import MARKER, dead_owner, host_processes, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.bubblewrap]
 
@@ -48,6 +48,9 @@ async def executor(request: pytest.FixtureRequest) -> AsyncIterator[Executor]:
     try:
         async with Executor(settings, backend) as executor:
             yield executor
+            if "uses_the_pool" not in request.node.name:
+                # Every call of the test ran in a child: none fell back to the pool.
+                assert executor.zygotes.served > 0 and not executor.zygotes.unavailable
     finally:
         await backend.aclose()
 
@@ -285,14 +288,7 @@ async def test_sweep_removes_the_cgroups_of_a_dead_servers_children(request: pyt
         children = [await server.child_cgroup(ref) for _ in range(2)]
         # The server is killed: its record now names an owner that is gone.
         record = state_root() / "sandboxes" / f"{ref.id}.json"
-        dead = {
-            _owner.MANAGED: "true",
-            _owner.INSTANCE: "dead",
-            _owner.HOST: socket.gethostname(),
-            _owner.PID: "999999999",
-            _owner.STARTED: "1",
-        }
-        record.write_text(json.dumps({**json.loads(record.read_text()), "labels": dead}))
+        record.write_text(json.dumps({**json.loads(record.read_text()), "labels": dead_owner()}))
         assert all(directory.is_dir() for cgroup in children for directory in cgroup.dirs)
         assert await after_restart.sweep() >= 1
         assert not record.exists()
@@ -301,3 +297,36 @@ async def test_sweep_removes_the_cgroups_of_a_dead_servers_children(request: pyt
     finally:
         await server.aclose()
         await after_restart.aclose()
+
+
+# The contract every engine keeps, for Python calls served by zygote children (this module's `executor`).
+test_a_failing_program_is_a_result_with_the_users_line_numbers = (
+    contract.test_a_failing_program_is_a_result_with_the_users_line_numbers
+)
+test_a_fork_bomb_is_contained_by_the_pids_limit = contract.test_a_fork_bomb_is_contained_by_the_pids_limit
+test_a_memory_bomb_is_killed = contract.test_a_memory_bomb_is_killed
+test_an_infinite_loop_times_out_as_a_result = contract.test_an_infinite_loop_times_out_as_a_result
+test_an_output_flood_is_capped_head_and_tail_without_growing_the_server = (
+    contract.test_an_output_flood_is_capped_head_and_tail_without_growing_the_server
+)
+test_calls_run_concurrently = contract.test_calls_run_concurrently
+test_every_matplotlib_figure_comes_back_with_no_setup_text = (
+    contract.test_every_matplotlib_figure_comes_back_with_no_setup_text
+)
+test_exit_codes_and_syntax_errors = contract.test_exit_codes_and_syntax_errors
+test_hello_world = contract.test_hello_world
+test_huge_code_runs_and_oversized_code_is_refused = contract.test_huge_code_runs_and_oversized_code_is_refused
+test_invalid_utf8_output_is_replaced = contract.test_invalid_utf8_output_is_replaced
+test_open_files_and_core_dumps_are_limited = contract.test_open_files_and_core_dumps_are_limited
+test_root_filesystem_is_read_only_and_workspace_and_tmp_are_writable = (
+    contract.test_root_filesystem_is_read_only_and_workspace_and_tmp_are_writable
+)
+test_sandbox_has_no_capabilities_no_root_and_no_new_privileges = (
+    contract.test_sandbox_has_no_capabilities_no_root_and_no_new_privileges
+)
+test_sandbox_has_only_a_loopback_interface = contract.test_sandbox_has_only_a_loopback_interface
+test_seccomp_another_abi_cannot_dodge_the_policy = contract.test_seccomp_another_abi_cannot_dodge_the_policy
+test_seccomp_every_engine_answers_the_same_to_each_denied_syscall = (
+    contract.test_seccomp_every_engine_answers_the_same_to_each_denied_syscall
+)
+test_unicode_in_and_out = contract.test_unicode_in_and_out
