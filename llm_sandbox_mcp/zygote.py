@@ -173,6 +173,9 @@ class Template:
     # Children forked ahead (pristine copies of the template, none has run anything), taken one per call.
     ready: list[Child] = field(default_factory=lambda: list[Child]())
     forking: int = 0
+    # How many to keep ready: SANDBOX_POOL_SIZE, doubled (up to SANDBOX_MAX_CONCURRENCY) each time a call finds
+    # none, as the pool grows under load; a waiting child holds a process and a cgroup, hardly any memory.
+    ahead: int = 0
     in_service: bool = True
 
 
@@ -250,6 +253,8 @@ class Zygotes:
         with self._budget.held(spec.limits.memory_bytes, "a sandbox"):
             child = await self._take(template)
             if child is None:
+                if 0 < template.ahead < self._settings.sandbox_max_concurrency:
+                    template.ahead = min(self._settings.sandbox_max_concurrency, template.ahead * 2)
                 try:
                     child = await self._fork(template)
                 except ChildUnavailable as exc:
@@ -339,7 +344,8 @@ class Zygotes:
                 json.dumps(config),
             ]  # fmt: skip
             env = {**sandbox_env(language, spec.cache is not None), **egress_env(spec), "LLM_SANDBOX_PRELOAD": "1"}
-            calls = self._settings.sandbox_max_concurrency + self._ahead
+            # Children alive at once: as many running as calls may run, as many again waiting ahead, in the making.
+            calls = 2 * self._settings.sandbox_max_concurrency + 2
             process = await self._host.start_template(ref, argv, env, theirs.fileno(), calls)
             kernel = await Kernel.greet(self._backend, ref, process, "The Python zygote")
         except BaseException:
@@ -352,7 +358,7 @@ class Zygotes:
         finally:
             theirs.close()
         control.setblocking(False)
-        return Template(spec, ref, kernel, control, charge)
+        return Template(spec, ref, kernel, control, charge, ahead=self._ahead)
 
     async def _fork(self, template: Template) -> Child:
         """A new child of `template`, ready for its request. Raises ChildUnavailable."""
@@ -407,7 +413,7 @@ class Zygotes:
     def _refill(self, template: Template) -> None:
         if self._tasks is None or not template.in_service:
             return
-        for _ in range(len(template.ready) + template.forking, self._ahead):
+        for _ in range(len(template.ready) + template.forking, template.ahead):
             template.forking += 1
             self._tasks.start_soon(self._fork_ahead, template)
 
