@@ -288,6 +288,20 @@ def fork_program():
     return pid, out_r, err_r, request_w
 
 
+def reap_orphans(program):
+    """Reap exited children other than the program: as PID 1 (a zygote child's runner) the program's orphans
+    are this process's, and unreaped they would hold their pids. Elsewhere there are none."""
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None or info.si_pid == program:
+            return  # the program's own status is read by the caller
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(info.si_pid, 0)
+
+
 def run_forked(request, program=None):
     before = snapshot()
     pid, out_r, err_r, request_w = program or fork_program()
@@ -309,6 +323,7 @@ def run_forked(request, program=None):
             else:
                 open_fds.remove(fd)
         if wait_status is None:
+            reap_orphans(pid)
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 wait_status = status

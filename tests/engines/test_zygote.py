@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import textwrap
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -37,13 +38,11 @@ status = dict(line.split(":\\t", 1) for line in open("/proc/self/status").read()
 """
 
 
-# Children forked when a call comes, and forked ahead (SANDBOX_POOL_SIZE) and waiting for their call.
-@pytest.fixture(params=[0, 2], ids=["on-demand", "forked-ahead"])
-async def executor(request: pytest.FixtureRequest) -> AsyncIterator[Executor]:
+@asynccontextmanager
+async def zygote_executor(request: pytest.FixtureRequest, ahead: int) -> AsyncGenerator[Executor]:
+    """An executor whose Python calls run in zygote children, `ahead` of them forked before their call."""
     await require(request, "bubblewrap")
-    settings = engine_settings(
-        "bubblewrap", sandbox_zygote=True, sandbox_max_concurrency=4, sandbox_pool_size=request.param
-    )
+    settings = engine_settings("bubblewrap", sandbox_zygote=True, sandbox_max_concurrency=4, sandbox_pool_size=ahead)
     backend = load_backend("bubblewrap", settings)
     try:
         async with Executor(settings, backend) as executor:
@@ -53,6 +52,13 @@ async def executor(request: pytest.FixtureRequest) -> AsyncIterator[Executor]:
                 assert executor.zygotes.served > 0 and not executor.zygotes.unavailable
     finally:
         await backend.aclose()
+
+
+# Children forked when a call comes, and forked ahead (SANDBOX_POOL_SIZE) and waiting for their call.
+@pytest.fixture(params=[0, 2], ids=["on-demand", "forked-ahead"])
+async def executor(request: pytest.FixtureRequest) -> AsyncIterator[Executor]:
+    async with zygote_executor(request, request.param) as executor:
+        yield executor
 
 
 async def forked(executor: Executor, code: str, timeout: float = 30, live: Live | None = None) -> Execution:
