@@ -1,15 +1,15 @@
 """The speed table: every language paced and back to back, parallel throughput, start and stop, and the
 physical floor of this machine measured in the same run.
 
-    BACKEND=docker python benchmarks/table.py [--runs 10] [--warmup 2] [--only python] [--zygote] [--json out.json]
+    BACKEND=docker python benchmarks/table.py [--runs 10] [--warmup 2] [--json out.json] [--only go --only cpp]
+                                              [--zygote]
 
 Drives the installed `llm-sandbox-mcp` (beside this Python) over stdio with the official client, as a user's
 client would. Paced calls are one second apart (an agent thinking; the pool refills meanwhile); back-to-back
 calls follow each other at once; "16 calls, 8 in flight" is what parallel tool calls and sub-agents do.
 The floor is what the engine costs with no server at all: a process in a fresh bubblewrap sandbox, an exec
 into a running container, and a fork of a warm interpreter. `--zygote` measures the Python rows and the
-throughput once more on a second server with SANDBOX_ZYGOTE=true (bubblewrap), beside the first; `--only`
-keeps the scenarios whose name contains it.
+throughput once more on a second server with SANDBOX_ZYGOTE=true (bubblewrap), beside the first.
 """
 
 from __future__ import annotations
@@ -44,6 +44,11 @@ HELLO: dict[str, dict[str, Any]] = {
     "go hello": {"language": "go", "code": 'package main\nimport "fmt"\nfunc main() { fmt.Println("hello") }\n'},
     "cpp hello": {"language": "cpp", "code": '#include <iostream>\nint main() { std::cout << "hello\\n"; }\n'},
 }
+# Compiled hellos are measured twice: built on every call (each call's source ends in its own comment, so the
+# server's build cache never has it) and already built (the same source again: the cache runs it unbuilt).
+for _language in ("go", "cpp"):
+    HELLO[f"{_language} hello, already built"] = HELLO[f"{_language} hello"]
+BUILT_EACH_CALL = {"go hello", "cpp hello"}
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -71,10 +76,13 @@ async def timed_call(client: Client, arguments: dict[str, Any]) -> float:
     return elapsed
 
 
-async def latencies(client: Client, arguments: dict[str, Any], runs: int, warmup: int, interval: float) -> list[float]:
+async def latencies(
+    client: Client, arguments: dict[str, Any], runs: int, warmup: int, interval: float, vary: bool = False
+) -> list[float]:
     samples: list[float] = []
     for i in range(warmup + runs):
-        elapsed = await timed_call(client, arguments)
+        call = {**arguments, "code": f"{arguments['code']}// call {time.time_ns()}\n"} if vary else arguments
+        elapsed = await timed_call(client, call)
         if i >= warmup:
             samples.append(elapsed)
         await anyio.sleep(interval)
@@ -151,10 +159,10 @@ async def scenarios(client: Client, names: list[str], runs: int, warmup: int) ->
     """Each scenario paced and back to back (a failing one is reported, the others still measured)."""
     found: dict[str, Any] = {}
     for name in names:
-        arguments = HELLO[name]
         try:
-            paced = await latencies(client, arguments, runs, warmup, interval=1.0)
-            back_to_back = await latencies(client, arguments, runs, 0, interval=0.0)
+            vary = name in BUILT_EACH_CALL
+            paced = await latencies(client, HELLO[name], runs, warmup, interval=1.0, vary=vary)
+            back_to_back = await latencies(client, HELLO[name], runs, 0, interval=0.0, vary=vary)
         except SystemExit as exc:
             found[name] = {"failed": str(exc)[:300]}
             continue
@@ -162,7 +170,7 @@ async def scenarios(client: Client, names: list[str], runs: int, warmup: int) ->
     return found
 
 
-async def measure(runs: int, warmup: int, only: str, zygote: bool) -> dict[str, Any]:
+async def measure(runs: int, warmup: int, only: list[str], zygote: bool) -> dict[str, Any]:
     report: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
         "backend": os.environ.get("BACKEND", "auto"),
@@ -178,7 +186,7 @@ async def measure(runs: int, warmup: int, only: str, zygote: bool) -> dict[str, 
         stopped.append(stop)
     report["start_to_tools_list_ms"] = round(statistics.median(listed), 1)
     report["shutdown_ms"] = round(statistics.median(stopped), 1)
-    names = [name for name in HELLO if only in name]
+    names = [name for name in HELLO if not only or any(word in name for word in only)]
     async with Client(server()) as client:
         report["scenarios"] = await scenarios(client, names, runs, warmup)
         report["calls_per_s_16_calls_8_in_flight"] = round(await throughput(client, 16, 8), 1)
@@ -227,9 +235,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--only", default="", help="only the scenarios whose name contains this")
-    parser.add_argument("--zygote", action="store_true", help="also measure Python with SANDBOX_ZYGOTE=true")
     parser.add_argument("--json", type=Path, help="also write the report here")
+    parser.add_argument("--only", action="append", default=[], help="measure only scenarios whose name has this")
+    parser.add_argument("--zygote", action="store_true", help="also measure Python with SANDBOX_ZYGOTE=true")
     args = parser.parse_args()
     report = anyio.run(measure, args.runs, args.warmup, args.only, args.zygote)
     sys.stdout.write(table(report) + "\n")

@@ -178,9 +178,22 @@ async def _doctor(settings: Settings) -> int:
     sys.stdout.write(f"configured backend: {chosen.name} (usable; {why})\n")
     for line in egress_report(settings, chosen.install_network):
         sys.stdout.write(f"egress: {line}\n")
+    sys.stdout.write(f"pool: {_pool_line(settings)}\n")
     if settings.sandbox_zygote:
         sys.stdout.write(f"zygote: {await _zygote_line(settings)}\n")
     return 0
+
+
+def _pool_line(settings: Settings) -> str:
+    from llm_sandbox_mcp.pool import IDLE_SECONDS
+
+    mib = 1024**2
+    return (
+        f"{settings.sandbox_pool_size} warm sandbox(es) per language in use (SANDBOX_POOL_SIZE), growing under "
+        f"back-to-back or parallel calls to {settings.sandbox_max_concurrency} (SANDBOX_MAX_CONCURRENCY) and back "
+        f"after {IDLE_SECONDS:g} s idle; each may use {settings.limits().memory_bytes // mib} MiB "
+        f"(SANDBOX_MEMORY_LIMIT), all sandboxes together {settings.memory_budget() // mib} MiB (SANDBOX_MEMORY_BUDGET)"
+    )
 
 
 async def _zygote_line(settings: Settings) -> str:

@@ -52,6 +52,13 @@ def parse_size(value: object) -> int:
     return size
 
 
+def parse_size_or_zero(value: object) -> int:
+    """A size, or 0 (what turns a cache off)."""
+    if not isinstance(value, bool) and str(value).strip() == "0":
+        return 0
+    return parse_size(value)
+
+
 def _split_commas(value: object) -> object:
     if isinstance(value, str):
         return [item.strip() for item in value.split(",") if item.strip()]
@@ -81,6 +88,7 @@ CommaList = Annotated[list[str], NoDecode, BeforeValidator(_split_commas)]
 HostList = Annotated[list[str], NoDecode, BeforeValidator(_split_commas), AfterValidator(_hosts)]
 KeyValues = Annotated[dict[str, str], NoDecode, BeforeValidator(_split_pairs)]
 Size = Annotated[int, BeforeValidator(parse_size)]
+SizeOrZero = Annotated[int, BeforeValidator(parse_size_or_zero)]
 
 
 class Settings(BaseSettings):
@@ -123,6 +131,7 @@ class Settings(BaseSettings):
     sandbox_memory_budget: Size | None = None
     sandbox_cache_max_size: Size = 4 * 1024**3
     sandbox_cache_total_size: Size = 20 * 1024**3
+    sandbox_build_cache_size: SizeOrZero = 256 * 1024**2
     sandbox_install_network_mode: str | None = None
     sandbox_install_allow_hosts: HostList = Field(default_factory=lambda: [])
     sandbox_install_ca_bundle: Path | None = None

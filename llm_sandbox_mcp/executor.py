@@ -17,6 +17,7 @@ from llm_sandbox_mcp import images
 from llm_sandbox_mcp.artifacts import Artifact, collect
 from llm_sandbox_mcp.backends import Backend, stop_on_cancel
 from llm_sandbox_mcp.budget import MemoryBudget
+from llm_sandbox_mcp.build_cache import BUILD_PIPE_ENV, RUN_SCRIPTS, BuildCache, Plan
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.egress.relay import egress_env
 from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure
@@ -43,6 +44,10 @@ from llm_sandbox_mcp.zygote import Zygotes
 logger = logging.getLogger(__name__)
 
 MAX_CODE_BYTES = 1024 * 1024
+
+
+class _StaleBinary(Exception):
+    """A binary from the build cache did not start: the run is made again with a build."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,7 @@ class Executor:
         self.limiter = anyio.CapacityLimiter(settings.sandbox_max_concurrency)
         self.images = ProjectImages(settings, backend)
         self.zygotes = Zygotes(settings, backend, self.budget)
+        self.builds = BuildCache(backend, settings.sandbox_build_cache_size)
 
     async def __aenter__(self) -> Executor:
         await self.pool.__aenter__()
@@ -199,11 +205,16 @@ class Executor:
             forked = await self.zygotes.run(program.language, spec, _decode(program.source), program.timeout, live)
             if forked is not None:
                 return self._shape(program.language, forked, program.timeout, False)
-            lease = await self.pool.acquire(WarmKey(program.language.name, spec))
-            try:
-                return await self.run(lease, program, live=live)
-            finally:
-                await self.pool.release(lease)
+            for cached in (True, False):
+                live.phase = "starting the sandbox"
+                lease = await self.pool.acquire(WarmKey(program.language.name, spec))
+                try:
+                    return await self.run(lease, program, live=live, cached=cached)
+                except _StaleBinary:
+                    logger.info("A cached %s binary did not start; building it again", program.language.title)
+                finally:
+                    await self.pool.release(lease)
+            raise AssertionError("unreachable: a run without the build cache never raises _StaleBinary")
 
     async def open(
         self, lang: Language, libraries: list[str], limits: Limits, live: Live | None = None, egress: str | None = None
@@ -220,10 +231,12 @@ class Executor:
             await self._dispose_lease(lease)
 
     async def run(
-        self, lease: Lease, program: Program, cell: Cell | None = None, live: Live | None = None
+        self, lease: Lease, program: Program, cell: Cell | None = None, live: Live | None = None, cached: bool = True
     ) -> Execution:
         """Run a program in a leased sandbox. With a `cell` (a session) the interpreter keeps its state, a lost
-        one is started again first, and only files that changed since the last cell come back.
+        one is started again first, and only files that changed since the last cell come back. A compiled
+        program's one-shot run uses the build cache (a hit only when `cached`) and raises _StaleBinary when a
+        cached binary failed to start.
 
         Output reaches `live` as it arrives. Cancelling
         the caller stops the run first: a cell is interrupted as at a timeout (the session stays usable), and
@@ -239,8 +252,9 @@ class Executor:
         live.phase = f"running {lang.name}" + (f" (cell {cell.number})" if cell is not None else "")
         kernel = lease.kernel
         if kernel is not None:
+            plan = await self._build_plan(lease, program, cached)
             result = await kernel.run(
-                _decode(program.source),
+                (f"{plan.mode}\n" if plan is not None else "") + _decode(program.source),
                 mode="fork" if cell is None else "inline",
                 echo=cell is not None,
                 filename=str(WORKDIR / lang.file_name) if cell is None else f"<cell {cell.number}>",
@@ -248,7 +262,11 @@ class Executor:
                 output_limit=self.settings.sandbox_output_limit,
                 artifact_limit=self.settings.sandbox_artifact_limit,
                 live=live,
+                binary=plan.binary if plan is not None else None,
+                build_limit=plan.limit if plan is not None and plan.mode == "capture" else 0,
             )
+            if plan is not None:
+                self._keep_build(plan, kernel, result)
             if kernel.collect_outside and cell is None:
                 # The runner could not collect with nothing of the program left running; the kernel has killed
                 # everything from outside since, so the files are read from outside.
@@ -279,6 +297,23 @@ class Executor:
             execution.stderr += "[the interpreter was stopped; the next call starts a new one (files are kept)]\n"
         execution.stderr = "".join(notes) + execution.stderr
         return execution
+
+    async def _build_plan(self, lease: Lease, program: Program, cached: bool) -> Plan | None:
+        """For a compiled language under its warm runner: whether to build, and whether to hand the binary over."""
+        if program.language.name not in RUN_SCRIPTS or not lease.one_shot:
+            return None
+        return await self.builds.plan(program.language, lease.ref.spec, program.source, lookup=cached)
+
+    def _keep_build(self, plan: Plan, kernel: Kernel, result: ExecResult) -> None:
+        if plan.key is None:
+            return
+        if plan.binary is not None:
+            # The dynamic loader or exec refused it (126/127 before a byte of output): build again instead.
+            if result.exit_code in (126, 127) and not result.stdout and not result.artifacts:
+                self.builds.forget(plan.key)
+                raise _StaleBinary
+        elif kernel.built is not None:
+            self.builds.put(plan.key, kernel.built, plan.limit)
 
     async def probe(self, lang: Language) -> tuple[str, dict[str, str]]:
         """The runtime version the configured image really has, and the versions of the project image's
@@ -332,6 +367,8 @@ class Executor:
         if warm_argv is None or key in self._cold:
             return
         env = sandbox_env(lease.language, with_libraries=lease.ref.spec.cache is not None)
+        if lease.language.name in RUN_SCRIPTS:
+            env.update(BUILD_PIPE_ENV)
         try:
             lease.kernel = await Kernel.supervise(self.backend, lease.ref, warm_argv(), env)
         except KernelDied as exc:

@@ -6,7 +6,8 @@ runner's output is hostile input (user code in a session runs inside the kernel 
 protocol descriptor), so the server enforces its own limits: each kind of frame has a size cap checked
 before its body is read, a run's files have a count and an inline byte budget, and every JSON header is
 parsed strictly. A frame that breaks any of this ends the run (the interpreter is killed) with a clear
-result, never an allocation or an exception.
+result, never an allocation or an exception. A compiled program's binary (B frames, then b with its size)
+is kept only when it arrived whole, within the limit the run asked for, with the size that was announced.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ class Kernel:
         self._buffer = bytearray()
         # What the current run may still send inline as file contents (0 outside a run).
         self._room = 0
+        # The binary the last run's build handed over whole (runners/supervisor.pl), when it asked for one.
+        self.built: bytes | None = None
 
     @classmethod
     async def start(cls, backend: Backend, ref: SandboxRef, env: Mapping[str, str], preload: bool) -> Kernel:
@@ -116,11 +119,11 @@ class Kernel:
         return kernel
 
     def _frame_limit(self, kind: bytes) -> int:
-        if kind in (b"O", b"E"):
+        if kind in (b"O", b"E", b"B"):
             return _MAX_STREAM_FRAME
         if kind == b"F":
             return _MAX_FILE_HEADER + 1 + self._room
-        if kind in (b"H", b"D"):
+        if kind in (b"H", b"D", b"b"):
             return _MAX_JSON
         raise ProtocolError(f"unknown frame kind {kind!r}")
 
@@ -156,18 +159,33 @@ class Kernel:
         output_limit: int,
         artifact_limit: int,
         live: Live | None = None,
+        binary: bytes | None = None,
+        build_limit: int = 0,
     ) -> ExecResult:
         """Run code; on timeout interrupt it (inline mode) or kill everything (fork mode), keeping what came back.
 
         The result carries the run's files and whether the interpreter was lost. Output also goes to `live` as it
         arrives. When the caller is cancelled, the run is stopped before the cancellation goes on: a cell is
-        interrupted (the interpreter kept when it unwinds in time), a fork-mode run killed with everything else."""
+        interrupted (the interpreter kept when it unwinds in time), a fork-mode run killed with everything else.
+        The supervisor writes `binary` (a build from before) as ./main ahead of the program; with `build_limit`
+        the build's binary may come back, up to that size, and is then `self.built`."""
         started = time.monotonic()
         out, err = HeadTail(output_limit), HeadTail(output_limit)
         artifacts: list[Artifact] = []
-        request = {"mode": mode, "echo": echo, "filename": filename, "artifact_limit": artifact_limit}
+        request: dict[str, object] = {
+            "mode": mode,
+            "echo": echo,
+            "filename": filename,
+            "artifact_limit": artifact_limit,
+        }
+        if binary is not None:
+            request["binary"] = len(binary)
+        if build_limit:
+            request["build_limit"] = build_limit
         # The header is one line (JSON escapes newlines); the program follows as it is.
-        payload = json.dumps(request).encode() + b"\n" + code.encode("utf-8", errors="replace")
+        payload = json.dumps(request).encode() + b"\n" + (binary or b"") + code.encode("utf-8", errors="replace")
+        build = _Build(build_limit)
+        self.built = None
         exit_code: int | None = None
         timed_out = False
         lost = False
@@ -223,11 +241,15 @@ class Kernel:
                         # Something of the program outlived every kill: its files are not to be trusted.
                         await self._kill()
                         self.collect_outside, artifacts = True, []
+                elif kind == b"B":
+                    build.feed(body)
+                elif kind == b"b":
+                    build.end(_json_object(body).get("size"))
                 elif kind == b"H":
                     raise ProtocolError("a second hello")
         except ProtocolError as exc:
             await self._kill()
-            lost, exit_code, artifacts = True, 137, []
+            lost, exit_code, artifacts, build.whole = True, 137, [], None
             err.feed(f"\n[the run broke the sandbox's result protocol ({exc}); it was stopped]\n".encode())
         except (SandboxFailure, TimeoutError) as exc:
             # The interpreter died mid-run (e.g. killed for memory), stopped reading, or its sandbox went away.
@@ -242,6 +264,7 @@ class Kernel:
             raise
         finally:
             self._room = 0
+        self.built = build.whole
         result = ExecResult.captured(exit_code, out, err, timed_out=timed_out, started=started)
         result.artifacts = sorted(artifacts, key=lambda artifact: artifact.name)
         result.interpreter_lost = lost
@@ -292,6 +315,35 @@ class Kernel:
     async def aclose(self) -> None:
         self.alive = False
         await self.process.aclose()
+
+
+class _Build:
+    """A binary coming back in B frames: kept while within the limit, whole once b announces its real size."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.data: bytearray | None = bytearray()
+        self.ended = False
+        self.whole: bytes | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        if not self.limit or self.ended:
+            raise ProtocolError("a build's binary that was not asked for")
+        if self.data is not None and len(self.data) + len(chunk) <= self.limit:
+            self.data += chunk
+        else:
+            self.data = None  # too large to keep: the rest is read and dropped
+
+    def end(self, size: object) -> None:
+        if not self.limit or self.ended or type(size) is not int or size < 0:
+            raise ProtocolError("an invalid end of a build's binary")
+        self.ended = True
+        if self.data is None or size > self.limit:
+            return
+        if size != len(self.data):
+            raise ProtocolError("a build's binary whose size does not match")
+        self.whole = bytes(self.data) if size else None
+        self.data = None
 
 
 def _json_object(data: bytes, limit: int = _MAX_JSON) -> dict[str, object]:

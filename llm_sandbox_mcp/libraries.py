@@ -30,7 +30,15 @@ from llm_sandbox_mcp.egress.registries import (
 from llm_sandbox_mcp.egress.relay import proxy_env, start_relay
 from llm_sandbox_mcp.errors import InstallFailed, SandboxFailure
 from llm_sandbox_mcp.languages import LANGUAGES, Language, install_env, sandbox_env
-from llm_sandbox_mcp.models import EGRESS_NETWORK, LIBS_DIR, CacheMount, Limits, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.models import (
+    EGRESS_NETWORK,
+    LIBS_DIR,
+    CacheMount,
+    ExecResult,
+    Limits,
+    SandboxRef,
+    SandboxSpec,
+)
 from llm_sandbox_mcp.transfer import pack
 
 logger = logging.getLogger(__name__)
@@ -39,6 +47,9 @@ _COMPLETE = f"{LIBS_DIR}/.complete"
 # How often a store in use is marked used in the index, and how long this server trusts it is still there.
 _TOUCH_SECONDS = 60.0
 _RECHECK_SECONDS = 3600.0
+# How often a running installer's store is measured: what it may write past the limit is what it writes
+# in this time.
+_WATCH_SECONDS = 2.0
 _CA_NAME = "llm-sandbox-ca.pem"
 _CA_FILE = f"/tmp/{_CA_NAME}"
 # Every installer we run honours one of these for extra trusted certificates (TLS-inspecting proxies).
@@ -57,11 +68,17 @@ def _decode(data: bytes) -> str:
 
 
 def _refusals(listener: EgressListener | None) -> str:
-    """The hosts the proxy refused this installer, and the setting that allows them, for the install error."""
-    if listener is None or not listener.refused:
+    """The hosts the proxy refused this installer (and the setting that allows them) or could not reach, for
+    the install error."""
+    if listener is None:
         return ""
-    shown = "; ".join(refusal.message(INSTALL_SETTING) for refusal in listener.refused[:5])
-    return f"The installer's egress proxy refused: {shown}. "
+    said = ""
+    if listener.refused:
+        refused = "; ".join(refusal.message(INSTALL_SETTING) for refusal in listener.refused[:5])
+        said += f"The installer's egress proxy refused: {refused}. "
+    if listener.unreachable:
+        said += f"The installer's egress proxy could not reach: {'; '.join(listener.unreachable[:5])}. "
+    return said
 
 
 def installer_policy(settings: Settings, lang: Language) -> EgressPolicy:
@@ -230,6 +247,29 @@ class LibraryCache:
             await self.backend.destroy(ref)
         return size
 
+    async def _run_watched(
+        self, ref: SandboxRef, argv: list[str], timeout: float, env: dict[str, str]
+    ) -> ExecResult | None:
+        """The installer's result, or None when it was killed for growing its store past SANDBOX_CACHE_MAX_SIZE
+        (measured every few seconds while it runs its packages' own code, not only once it ends)."""
+        outgrown = False
+        result: ExecResult | None = None
+
+        async def watch() -> None:
+            nonlocal outgrown
+            while True:
+                await anyio.sleep(_WATCH_SECONDS)
+                if await self._size(ref) > self.settings.sandbox_cache_max_size:
+                    outgrown = True
+                    await self.backend.kill_all(ref)
+                    return
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(watch)
+            result = await self.backend.exec(ref, argv, timeout=timeout, env=env, output_limit=65536)
+            tasks.cancel_scope.cancel()
+        return None if outgrown else result
+
     async def _size(self, ref: SandboxRef) -> int:
         """Bytes in the store, as the installer sandbox measures them (the same way on every engine)."""
         result = await self.backend.exec(ref, ["du", "-sk", str(LIBS_DIR)], timeout=120, output_limit=4096)
@@ -248,12 +288,16 @@ class LibraryCache:
         await self.backend.exec(ref, ["find", str(LIBS_DIR), "-mindepth", "1", "-delete"], timeout=60)
         relay = await self._egress(ref, lang, env, listener) if listener is not None else None
         try:
-            result = await self.backend.exec(
-                ref, lang.install_argv(specs), timeout=timeout, env=env, output_limit=65536
-            )
+            result = await self._run_watched(ref, lang.install_argv(specs), timeout, env)
         finally:
             if relay is not None:
                 await relay.aclose()
+        if result is None:
+            raise InstallFailed(
+                f"Installing {', '.join(specs)} was stopped: its store grew past the limit of "
+                f"{self.settings.sandbox_cache_max_size // 1024**2} MiB for one library set "
+                "(SANDBOX_CACHE_MAX_SIZE); install fewer or smaller libraries"
+            )
         if result.exit_code != 0 or result.timed_out:
             reason = f"timed out after {timeout:g} s (SANDBOX_INSTALL_TIMEOUT)" if result.timed_out else "failed"
             output = (_decode(result.stderr).strip() or _decode(result.stdout).strip())[-3000:]

@@ -22,6 +22,9 @@ from llm_sandbox_mcp.errors import SandboxError
 
 logger = logging.getLogger(__name__)
 
+# How long a key that grew under load stays larger once its calls stop.
+IDLE_SECONDS = 30.0
+
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
 
@@ -42,7 +45,7 @@ class Pool(Generic[K, T]):
         max_age: float = 3600.0,
         max_size: int | None = None,
         can_grow: Callable[[K], bool] = lambda key: True,
-        idle: float = 30.0,
+        idle: float = IDLE_SECONDS,
     ) -> None:
         self._make = make
         self._dispose = dispose

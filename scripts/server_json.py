@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from llm_sandbox_mcp import __version__  # noqa: E402
-from llm_sandbox_mcp.config import Settings, env_name, parse_size  # noqa: E402
+from llm_sandbox_mcp.config import Settings, env_name, parse_size, parse_size_or_zero  # noqa: E402
 from llm_sandbox_mcp.metadata import TITLE  # noqa: E402
 
 SCHEMA = "https://static.modelcontextprotocol.io/schemas/2025-12-11/server.schema.json"
@@ -45,7 +45,7 @@ def variable_format(field: FieldInfo) -> tuple[str, list[str] | None]:
         return "string", [str(choice) for choice in typing.get_args(kind)]
     if typing.get_origin(kind) is typing.Annotated:
         kind = typing.get_args(kind)[0]
-    parsed_as_size = any(getattr(item, "func", None) is parse_size for item in field.metadata)
+    parsed_as_size = any(getattr(item, "func", None) in (parse_size, parse_size_or_zero) for item in field.metadata)
     if kind is bool:
         return "boolean", None
     if kind in (int, float) and not parsed_as_size:

@@ -19,7 +19,7 @@ KIND = f"{LABEL_PREFIX}.kind"
 INSTANCE_ID = uuid.uuid4().hex[:12]
 
 
-def _process_start(pid: int) -> str:
+def process_start(pid: int) -> str:
     """The kernel's start time of a live process ("" for none or a zombie), so a recycled pid is not mistaken
     for its owner and a server that died but is not reaped yet counts as gone."""
     try:
@@ -37,7 +37,7 @@ def owner_labels(kind: str = "sandbox") -> dict[str, str]:
         INSTANCE: INSTANCE_ID,
         HOST: socket.gethostname(),
         PID: str(pid),
-        STARTED: _process_start(pid),
+        STARTED: process_start(pid),
         KIND: kind,
     }
 
@@ -55,4 +55,4 @@ def owner_is_gone(labels: Mapping[str, str]) -> bool:
         pid = int(labels.get(PID, ""))
     except ValueError:
         return True
-    return _process_start(pid) != labels.get(STARTED)
+    return process_start(pid) != labels.get(STARTED)

@@ -94,9 +94,15 @@ class Refusal:
     host: str
     port: int
     reason: str
+    # For the operator's log only (the addresses a name resolved to): the sandbox, which may be probing the
+    # internal network through the proxy's resolver, and the model are never told.
+    detail: str = ""
 
     def message(self, setting: str) -> str:
         return f"{self.host}:{self.port} was refused ({self.reason}); {setting} can allow it"
+
+    def logged(self, setting: str) -> str:
+        return self.message(setting) + (f" [{self.detail}]" if self.detail else "")
 
 
 @dataclass(frozen=True)
@@ -131,7 +137,7 @@ class EgressPolicy:
         allowed = found if rule.explicit else [address for address in found if public(address)]
         if not allowed:
             shown = ", ".join(map(str, found[:3]))
-            return Refusal(host, port, f"resolves to a non-public address ({shown}) and is not listed explicitly")
+            return Refusal(host, port, "resolves to a non-public address and is not listed explicitly", shown)
         return allowed
 
     def summary(self) -> list[str]:

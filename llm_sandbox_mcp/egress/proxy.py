@@ -10,12 +10,15 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import shutil
 import socket
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llm_sandbox_mcp.backends._owner import process_start
 from llm_sandbox_mcp.egress.policy import EgressPolicy, HostRule, Refusal, ip_literal
 from llm_sandbox_mcp.egress.request import MAX_HEAD, BadRequest, Request, parse_head
 from llm_sandbox_mcp.egress.upstream import Upstream, upstream_for
@@ -30,6 +33,8 @@ CONNECT_SECONDS = 20.0
 IDLE_SECONDS = 300.0
 _CHUNK = 64 * 1024
 _MAX_REFUSALS = 20
+_DIRECTORY_PREFIX = "llm-sandbox-egress-"
+_swept = False
 # A sandbox that floods the proxy must not flood the server's log.
 MAX_LOGGED_REFUSALS = 200
 
@@ -42,6 +47,8 @@ class EgressListener:
     label: str
     directory: Path
     refused: list[Refusal] = field(default_factory=lambda: [])
+    # Allowed hosts the proxy could not reach (answered 502), for the install error.
+    unreachable: list[str] = field(default_factory=lambda: [])
     connections: int = 0
     refusals: int = 0
     _server: asyncio.AbstractServer | None = None
@@ -65,11 +72,18 @@ class EgressListener:
     def _refuse(self, refusal: Refusal) -> None:
         self.refusals += 1
         if self.refusals <= MAX_LOGGED_REFUSALS:
-            logger.warning("Egress refused for %s: %s", self.label, refusal.message(self.policy.setting))
+            logger.warning("Egress refused for %s: %s", self.label, refusal.logged(self.policy.setting))
         if self.refusals == MAX_LOGGED_REFUSALS:
             logger.warning("Egress: further refusals for %s are not logged", self.label)
         if len(self.refused) < _MAX_REFUSALS and refusal not in self.refused:
             self.refused.append(refusal)
+
+    async def _unreachable(self, writer: asyncio.StreamWriter, request: Request, why: str) -> None:
+        logger.warning("Egress for %s: %s:%d %s", self.label, request.host, request.port, why)
+        target = f"{request.host}:{request.port} ({why})"
+        if len(self.unreachable) < _MAX_REFUSALS and target not in self.unreachable:
+            self.unreachable.append(target)
+        await _answer(writer, 502, f"{request.host}:{request.port}: {why}")
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -151,7 +165,7 @@ class EgressListener:
                 return await asyncio.wait_for(connecting, CONNECT_SECONDS)
             except (OSError, asyncio.TimeoutError):
                 continue
-        await _answer(writer, 502, f"could not connect to {request.host}:{request.port}")
+        await self._unreachable(writer, request, "could not be connected to")
         return None
 
     async def _through_upstream(
@@ -162,7 +176,7 @@ class EgressListener:
             connecting = asyncio.open_connection(upstream.host, upstream.port, limit=MAX_HEAD)
             far_reader, far_writer = await asyncio.wait_for(connecting, CONNECT_SECONDS)
         except (OSError, asyncio.TimeoutError):
-            await _answer(writer, 502, f"could not reach the upstream proxy for {request.host}:{request.port}")
+            await self._unreachable(writer, request, "the upstream proxy could not be reached")
             return None
         if not request.tunnel:
             far_writer.write(upstream.with_credentials(request.absolute_head))
@@ -174,7 +188,7 @@ class EgressListener:
             answer = b""
         if answer.split(b" ", 2)[1:2] != [b"200"]:
             far_writer.close()
-            await _answer(writer, 502, f"the upstream proxy did not open {request.host}:{request.port}")
+            await self._unreachable(writer, request, "the upstream proxy did not open it")
             return None
         return far_reader, far_writer
 
@@ -222,9 +236,33 @@ async def _splice(
         await asyncio.gather(*pipes, return_exceptions=True)
 
 
+def _directory_prefix() -> str:
+    """Socket directories carry their server's pid and start time, so those of a server that is gone are known."""
+    pid = os.getpid()
+    return f"{_DIRECTORY_PREFIX}{pid}.{process_start(pid)}-"
+
+
+def sweep_stale_directories(root: Path) -> None:
+    """Remove the socket directories that servers on this host left behind when they were killed."""
+    for entry in root.glob(f"{_DIRECTORY_PREFIX}*"):
+        owner = re.fullmatch(rf"{_DIRECTORY_PREFIX}(\d+)\.(\d+)-\w+", entry.name)
+        try:
+            info = entry.lstat()
+        except OSError:
+            continue
+        if owner is None or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+            continue
+        if process_start(int(owner[1])) != owner[2]:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
 async def open_listener(policy: EgressPolicy, label: str) -> EgressListener:
     """Listen for one sandbox on a new socket; the caller mounts `directory` into it and closes the listener."""
-    directory = Path(tempfile.mkdtemp(prefix="llm-sandbox-egress-"))
+    global _swept
+    if not _swept:
+        _swept = True
+        await asyncio.to_thread(sweep_stale_directories, Path(tempfile.gettempdir()))
+    directory = Path(tempfile.mkdtemp(prefix=_directory_prefix()))
     # The sandbox user (any uid) reaches the socket: traversal only on the directory, connect on the socket.
     os.chmod(directory, 0o711)
     listener = EgressListener(policy, label, directory)

@@ -1,17 +1,29 @@
 # Runs inside the sandbox as `sh -c <this file>`: the user's code arrives on stdin, is compiled as
 # /workspace/main.cpp (C++20, warnings on) and run as ./main. A failed compile ends stderr with the
 # phase marker. Libraries installed by cpp_install.sh leave their compiler and linker flags in the cache.
+# Under the warm runner the first line of stdin is "build", "capture" or "built", as in go_run.sh.
 L=/opt/llm-sandbox/libs/cpp
+mode=build
+if [ -n "${LLM_SANDBOX_BUILD_PIPE:-}" ]; then
+  unset LLM_SANDBOX_BUILD_PIPE
+  IFS= read -r mode || exit 70
+fi
 cat > main.cpp || exit 70
+if [ "$mode" = built ]; then exec ./main 3>&-; fi
 cflags='' ldflags=''
 if [ -f "$L/cflags" ]; then cflags=$(cat "$L/cflags"); fi
 if [ -f "$L/ldflags" ]; then ldflags=$(cat "$L/ldflags"); fi
 set -f  # the flag files hold one flag per word, never a pattern
+log=/tmp/.llm-sandbox-build.log
 # shellcheck disable=SC2086
-g++ -std=c++20 -O1 -Wall -Wextra $cflags -o main main.cpp $ldflags
+g++ -std=c++20 -O1 -Wall -Wextra $cflags -o main main.cpp $ldflags 2>"$log" 3>&-
 status=$?
+cat "$log" >&2
 if [ "$status" -ne 0 ]; then
+  rm -f "$log"
   printf '\036llm-sandbox-phase:compile\036\n' >&2
   exit "$status"
 fi
-exec ./main
+if [ "$mode" = capture ] && [ ! -s "$log" ]; then cat main >&3; fi
+rm -f "$log"
+exec ./main 3>&-

@@ -5,6 +5,11 @@
 # sandbox waits in the pool; the runtime blocks reading the program from stdin. Then:
 #   server -> runner  R header-JSON "\n" program bytes     (header: {"artifact_limit": N, ...})
 #   runner -> server  H {"pid"}  O/E output  F {"name", "size", "inline"} "\n" data  D {"exit", "clean"}
+# Compiled languages (LLM_SANDBOX_BUILD_PIPE set, see runners/go_run.sh): the runtime gets one more pipe as fd 3,
+# which the run script writes a fresh build's binary to and closes before it runs the program; this runner
+# sends what it carries as B frames (up to the header's "build_limit" bytes) and, once it is closed,
+# b {"size": all bytes read}. A header "binary": N says the program's first N bytes are a binary built
+# before, written to ./main before the rest reaches the runtime.
 # Once the program has exited, every other process of the sandbox user that did not exist when this runner
 # started is SIGKILLed, again until /proc shows none, and only then are the output files read: nothing of
 # the program still runs while they are collected. When that cannot be achieved, D says "clean": false and
@@ -13,7 +18,7 @@
 use strict;
 use warnings;
 use POSIX qw(:sys_wait_h setsid dup2 _exit);
-use Fcntl qw(O_RDONLY O_NOFOLLOW O_NONBLOCK F_GETFL F_SETFL S_ISREG S_ISDIR);
+use Fcntl qw(O_RDONLY O_WRONLY O_CREAT O_EXCL O_NOFOLLOW O_NONBLOCK F_GETFL F_SETFL F_SETFD S_ISREG S_ISDIR);
 use Errno qw(EAGAIN EINTR);
 
 my $OUT = $ENV{OUTPUT_DIR} || "/workspace/outputs";
@@ -127,6 +132,10 @@ shift @argv if @argv && $argv[0] eq "--";
 pipe(my $in_r, my $in_w) or die "pipe: $!";
 pipe(my $out_r, my $out_w) or die "pipe: $!";
 pipe(my $err_r, my $err_w) or die "pipe: $!";
+my ($build_r, $build_w);
+if (defined $ENV{LLM_SANDBOX_BUILD_PIPE}) {
+    pipe($build_r, $build_w) or die "pipe: $!";
+}
 mkdir $OUT;
 my $child = fork();
 die "fork: $!" unless defined $child;
@@ -135,6 +144,10 @@ if ($child == 0) {
     dup2(fileno $in_r, 0);
     dup2(fileno $out_w, 1);
     dup2(fileno $err_w, 2);
+    if ($build_w) {
+        # dup2 onto itself would keep the close-on-exec flag perl sets on every pipe.
+        if (fileno $build_w == 3) { fcntl($build_w, F_SETFD, 0) } else { dup2(fileno $build_w, 3) }
+    }
     $SIG{PIPE} = "DEFAULT";
     { no warnings "exec"; exec { $argv[0] } @argv; }
     print STDERR "cannot run $argv[0]: $!\n";
@@ -143,6 +156,7 @@ if ($child == 0) {
 close $in_r;
 close $out_w;
 close $err_w;
+close $build_w if $build_w;
 send_frame("H", "{\"pid\": $$}");
 
 my ($kind, $size) = unpack("aN", read_exactly(5));
@@ -150,14 +164,34 @@ exit 0 unless $kind eq "R";
 my $payload = read_exactly($size);
 my ($header, $program) = split /\n/, $payload, 2;
 $program //= "";
+undef $payload;  # a binary ahead of the program can be large: one copy is enough
 my $budget = $header =~ /"artifact_limit"\s*:\s*(\d+)/ ? $1 : 0;
+my $build_limit = $header =~ /"build_limit"\s*:\s*(\d+)/ ? $1 : 0;
+my $binary = $header =~ /"binary"\s*:\s*(\d+)/ ? $1 : 0;
+if ($binary && $binary <= length $program) {
+    my $image = substr($program, 0, $binary, "");
+    # A file that cannot be written leaves no ./main: the program then fails to start, as the server expects.
+    if (sysopen(my $handle, "main", O_WRONLY | O_CREAT | O_EXCL, 0755)) {
+        while (length $image) {
+            my $n = syswrite($handle, $image);
+            last unless $n;
+            substr($image, 0, $n, "");
+        }
+        close $handle;
+    }
+}
 
-for my $handle ($in_w, $out_r, $err_r) {
+for my $handle ($in_w, $out_r, $err_r, $build_r ? ($build_r) : ()) {
     my $flags = fcntl($handle, F_GETFL, 0);
     fcntl($handle, F_SETFL, $flags | O_NONBLOCK);
 }
 my %kinds = (fileno($out_r) => "O", fileno($err_r) => "E");
 my %open = (fileno($out_r) => $out_r, fileno($err_r) => $err_r);
+if ($build_r) {
+    $kinds{fileno $build_r} = "B";
+    $open{fileno $build_r} = $build_r;
+}
+my $built = 0;
 my $pending = $program;
 my $writing = 1;
 my $wait_status;
@@ -167,12 +201,18 @@ sub forward {
     my ($fd) = @_;
     my $n = sysread($open{$fd}, my $data, 65536);
     if (defined $n && $n > 0) {
-        send_frame($kinds{$fd}, $data);
+        if ($kinds{$fd} eq "B") {
+            $built += $n;
+            send_frame("B", $data) if $built <= $build_limit;  # past the limit the server would not keep it
+        } else {
+            send_frame($kinds{$fd}, $data);
+        }
         return 1;
     }
     return 0 unless defined $n;
     close $open{$fd};
     delete $open{$fd};
+    send_frame("b", "{\"size\": $built}") if $kinds{$fd} eq "B" && $build_limit;
     return 1;
 }
 

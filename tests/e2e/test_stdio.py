@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.docker]
 
 # scripts/test points this at the console script installed from the built wheel.
 SCRIPT = os.environ.get("LLM_SANDBOX_MCP_COMMAND") or str(Path(sys.executable).parent / "llm-sandbox-mcp")
-ENV = {"SANDBOX_INSTALL_NETWORK_MODE": "host", "SANDBOX_LOG_LEVEL": "WARNING"}
+ENV = {"SANDBOX_LOG_LEVEL": "WARNING"}  # installers as a user has them: through the egress proxy
 if Path(HOST_CA_BUNDLE).is_file():
     ENV["SANDBOX_INSTALL_CA_BUNDLE"] = HOST_CA_BUNDLE
 
@@ -147,10 +147,13 @@ def test_bad_configuration_exits_2_with_one_line_per_variable() -> None:
 
 
 def test_doctor_reports_the_configured_backend(docker_required: None) -> None:
-    completed = subprocess.run([SCRIPT, "doctor"], capture_output=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+    env = {"PATH": "/usr/bin:/bin", "SANDBOX_POOL_SIZE": "3", "SANDBOX_MEMORY_BUDGET": "3g"}
+    completed = subprocess.run([SCRIPT, "doctor"], capture_output=True, timeout=120, env=env)
     out = completed.stdout.decode()
     assert completed.returncode == 0, out
     assert "docker      ok" in out and "configured backend: docker (usable; BACKEND=auto chose docker" in out
+    pool = next(line for line in out.splitlines() if line.startswith("pool: "))
+    assert pool.startswith("pool: 3 warm sandbox(es)") and "all sandboxes together 3072 MiB" in pool
 
 
 def test_doctor_fails_when_the_engine_is_unreachable() -> None:

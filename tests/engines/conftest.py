@@ -23,6 +23,7 @@ from llm_sandbox_mcp.languages import LANGUAGES
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, OutputListener, SandboxRef, SandboxSpec
 from llm_sandbox_mcp.sessions import SessionRegistry
 from tests.engines import kube
+from tests.support.egress import public_registry_hosts
 
 ENGINES = ("docker", "podman", "bubblewrap", "nsjail", "kubernetes")
 # The host's trust store: behind a TLS-inspecting proxy the images' own bundles are not enough to install.
@@ -63,7 +64,12 @@ def require_now(request: pytest.FixtureRequest, name: str) -> None:
 
 
 def engine_settings(name: str, **overrides: Any) -> Settings:
-    base: dict[str, Any] = {"backend": name, "sandbox_pool_size": 0, "sandbox_install_network_mode": "host"}
+    # Installers reach the registries through the egress proxy, as on a user's machine.
+    base: dict[str, Any] = {
+        "backend": name,
+        "sandbox_pool_size": 0,
+        "sandbox_install_allow_hosts": list(public_registry_hosts()),
+    }
     if os.path.isfile(HOST_CA_BUNDLE):
         base["sandbox_install_ca_bundle"] = HOST_CA_BUNDLE
     if name == "kubernetes":

@@ -3,7 +3,9 @@ expects from `execute_code`.
 
 Libraries come from the real registries these machines reach (PyPI, npm, Debian's archive) or, for the
 ecosystems they cannot reach (Go modules, CRAN, RubyGems, Maven Central), from local registries the session
-builds and serves on 127.0.0.1 (tests/support/registries).
+builds and serves on a loopback address under the host's own name (tests/support/registries). Installers
+reach both through the egress proxy, as on a user's machine (tests/support/egress.py says why the public
+registries are listed in SANDBOX_INSTALL_ALLOW_HOSTS here).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import LANGUAGES, get_language
 from llm_sandbox_mcp.models import Execution
 from tests.engines.conftest import RecordingBackend, engine_settings
+from tests.support.egress import loopback_name
 from tests.support.registries import Package, cran_repo, gem_source, go_proxy, maven_repo, serve
 
 pytestmark = pytest.mark.anyio
@@ -166,7 +169,9 @@ def registries() -> Iterator[Registries]:
         for language, (directory, build) in builders.items():
             (root / directory).mkdir()
             packages[language] = build(root / directory, token)
-        with serve(root) as url:
+        # Under the host's own name: Go, Ruby and Java go direct, not through the egress proxy, to 127.0.0.1.
+        name, address = loopback_name()
+        with serve(root, address, name) as url:
             yield Registries(
                 settings={
                     "sandbox_goproxy": f"{url}/go",

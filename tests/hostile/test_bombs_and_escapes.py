@@ -3,11 +3,19 @@ the server answers the next call."""
 
 from __future__ import annotations
 
+import secrets
+import tempfile
 import textwrap
+from pathlib import Path
 
+import anyio
 import pytest
 
+from llm_sandbox_mcp.errors import InstallFailed
 from llm_sandbox_mcp.executor import Executor
+from tests.engines.conftest import RecordingBackend, engine_settings
+from tests.support.egress import loopback_name
+from tests.support.registries import npm_registry, serve
 
 pytestmark = pytest.mark.anyio
 
@@ -152,3 +160,29 @@ async def test_an_endless_output_flood_is_stopped_at_the_read_budget_not_at_the_
     assert "bytes here; it was stopped]" in flooded[-200:], flooded[-300:]
     assert len(result.stdout) + len(result.stderr) < 4 * executor.settings.sandbox_output_limit
     await still_answers(executor)
+
+
+# A package whose install script writes 64 MiB into the store, then never ends.
+_STORE_FILLER = (
+    "node -e \"const fs = require('fs'); for (let i = 0; i < 64; i++) fs.appendFileSync('fill', Buffer.alloc(1 << 20));"
+    ' setInterval(() => {}, 1000)"'
+)
+
+
+async def test_a_library_that_fills_its_store_is_stopped_while_it_installs(
+    backend: RecordingBackend, engine: str
+) -> None:
+    """Measured while the install runs, not once it ends: this install would only end at its 600 s timeout."""
+    name, address = loopback_name()
+    with (
+        tempfile.TemporaryDirectory(prefix="llm-sandbox-store-filler-") as tmp,
+        serve(Path(tmp), address, name) as url,
+    ):
+        package = npm_registry(Path(tmp), str(secrets.randbelow(10**9)), url, postinstall=_STORE_FILLER)
+        settings = engine_settings(
+            engine, sandbox_npm_registry=url, sandbox_cache_max_size=16 * 1024**2, sandbox_install_timeout=600
+        )
+        async with Executor(settings, backend) as executor:
+            with anyio.fail_after(120), pytest.raises(InstallFailed, match="was stopped: its store grew past"):
+                await executor.execute(package.code, "javascript", [package.spec])
+            await still_answers(executor)

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
+from llm_sandbox_mcp.backends._owner import process_start
 from llm_sandbox_mcp.egress import EgressListener, EgressPolicy, HostRule, open_listener
 from llm_sandbox_mcp.egress import proxy as proxy_module
+from llm_sandbox_mcp.egress.proxy import sweep_stale_directories
 from tests.support.connects import recorded
 
 pytestmark = pytest.mark.anyio
@@ -105,7 +109,7 @@ async def test_refused_before_any_connection(
     assert listener.refused and listener.refused[0].port == int(target.rsplit(":", 1)[1])
 
 
-async def test_implied_names_resolving_to_loopback_are_refused(origin: int) -> None:
+async def test_implied_names_resolving_to_loopback_are_refused(origin: int, caplog: pytest.LogCaptureFixture) -> None:
     listener = await _listener(f"implied:localhost:{origin}")
     with recorded() as connects:
         try:
@@ -113,6 +117,8 @@ async def test_implied_names_resolving_to_loopback_are_refused(origin: int) -> N
         finally:
             await listener.aclose()
     assert answer.startswith(b"HTTP/1.1 403") and b"non-public address" in answer
+    assert b"127.0.0.1" not in answer  # what the name resolves to is the operator's to see, in the log
+    assert "127.0.0.1" in " ".join(r.getMessage() for r in caplog.records if r.name == "llm_sandbox_mcp.egress.proxy")
     assert connects == [str(listener.socket_path)]
 
 
@@ -195,3 +201,40 @@ async def test_chains_to_the_servers_own_proxy(origin: int, monkeypatch: pytest.
     assert asked[0].startswith(b"CONNECT registry.example:443 HTTP/1.1\r\n")
     assert b"Proxy-Authorization: Basic dXNlcjpwdw==" in asked[0]
     assert refused.startswith(b"HTTP/1.1 403") and len(asked) == 1
+
+
+async def test_an_allowed_host_that_cannot_be_reached_is_a_502_remembered_for_the_install_error() -> None:
+    probe = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port: int = probe.sockets[0].getsockname()[1]
+    probe.close()
+    await probe.wait_closed()  # nothing listens there any more
+    listener = await _listener(f"127.0.0.1:{port}")
+    try:
+        answer = await _ask(listener, f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode())
+    finally:
+        await listener.aclose()
+    assert answer.startswith(b"HTTP/1.1 502 Bad Gateway") and b"could not be connected to" in answer
+    assert listener.unreachable == [f"127.0.0.1:{port} (could not be connected to)"] and listener.refused == []
+
+
+def test_socket_directories_of_servers_that_are_gone_are_swept(tmp_path: Path) -> None:
+    alive = f"llm-sandbox-egress-{os.getpid()}.{process_start(os.getpid())}-abc123"
+    gone = "llm-sandbox-egress-999999999.12345-def456"  # no such pid
+    recycled = f"llm-sandbox-egress-{os.getpid()}.1-ghi789"  # our pid, another process's start time
+    for name in (alive, gone, recycled, "llm-sandbox-egress-unrelated"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "proxy.sock").touch()
+    target = tmp_path / "kept"
+    target.mkdir()
+    (tmp_path / "llm-sandbox-egress-999999998.1-link00").symlink_to(target)
+    sweep_stale_directories(tmp_path)
+    left = sorted(entry.name for entry in tmp_path.iterdir())
+    assert left == sorted([alive, "kept", "llm-sandbox-egress-999999998.1-link00", "llm-sandbox-egress-unrelated"])
+
+
+async def test_a_listener_directory_names_its_server() -> None:
+    listener = await _listener("127.0.0.1:1")
+    try:
+        assert listener.directory.name.startswith(f"llm-sandbox-egress-{os.getpid()}.{process_start(os.getpid())}-")
+    finally:
+        await listener.aclose()

@@ -94,14 +94,18 @@ def pip_index(root: Path, token: str, files_url: str = "../../files") -> Package
     return Package(f"greet-egress=={version}", code, "hello, pythonista\n")
 
 
-def npm_registry(root: Path, token: str, url: str) -> Package:
+def npm_registry(root: Path, token: str, url: str, postinstall: str | None = None) -> Package:
     """An npm registry (the packument as a directory index, so `GET url/greet-egress` finds it after the
-    server's redirect) holding one CommonJS package whose tarball is served from `url`."""
+    server's redirect) holding one CommonJS package whose tarball is served from `url`; `postinstall`: the
+    package's install script, which npm runs in the installer."""
     name, version = "greet-egress", f"1.0.{token}"
+    manifest: dict[str, object] = {"name": name, "version": version, "main": "index.js"}
+    if postinstall is not None:
+        manifest["scripts"] = {"postinstall": postinstall}
     tarball = io.BytesIO()
     with tarfile.open(fileobj=tarball, mode="w:gz") as archive:
         for member, text in {
-            "package/package.json": json.dumps({"name": name, "version": version, "main": "index.js"}),
+            "package/package.json": json.dumps(manifest),
             "package/index.js": 'exports.hello = (name) => "hello, " + name;\n',
         }.items():
             data = text.encode()
@@ -117,7 +121,7 @@ def npm_registry(root: Path, token: str, url: str) -> Package:
     packument = {
         "name": name,
         "dist-tags": {"latest": version},
-        "versions": {version: {"name": name, "version": version, "main": "index.js", "dist": dist}},
+        "versions": {version: {**manifest, "hasInstallScript": postinstall is not None, "dist": dist}},
     }
     (root / name / "index.html").write_text(json.dumps(packument))
     code = "const { hello } = require('greet-egress');\nconsole.log(hello('node'));\n"
