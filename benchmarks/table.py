@@ -2,12 +2,14 @@
 physical floor of this machine measured in the same run.
 
     BACKEND=docker python benchmarks/table.py [--runs 10] [--warmup 2] [--json out.json] [--only go --only cpp]
+                                              [--zygote]
 
 Drives the installed `llm-sandbox-mcp` (beside this Python) over stdio with the official client, as a user's
 client would. Paced calls are one second apart (an agent thinking; the pool refills meanwhile); back-to-back
 calls follow each other at once; "16 calls, 8 in flight" is what parallel tool calls and sub-agents do.
 The floor is what the engine costs with no server at all: a process in a fresh bubblewrap sandbox, an exec
-into a running container, and a fork of a warm interpreter.
+into a running container, and a fork of a warm interpreter. `--zygote` measures the Python rows and the
+throughput once more on a second server with SANDBOX_ZYGOTE=true (bubblewrap), beside the first.
 """
 
 from __future__ import annotations
@@ -58,9 +60,9 @@ def summary(samples: list[float]) -> dict[str, float]:
     return {"p50_ms": round(statistics.median(samples), 1), "p95_ms": round(percentile(samples, 0.95), 1)}
 
 
-def server() -> StdioServerParameters:
+def server(extra: dict[str, str] | None = None) -> StdioServerParameters:
     # A slow build on a loaded machine stays one call rather than turning into a background job.
-    env = {"SANDBOX_FOREGROUND_LIMIT": "600", **os.environ}
+    env = {"SANDBOX_FOREGROUND_LIMIT": "600", **os.environ, **(extra or {})}
     return StdioServerParameters(command=str(Path(sys.executable).parent / "llm-sandbox-mcp"), env=env)
 
 
@@ -153,7 +155,22 @@ def floor(runs: int) -> dict[str, float]:
     return found
 
 
-async def measure(runs: int, warmup: int, only: list[str]) -> dict[str, Any]:
+async def scenarios(client: Client, names: list[str], runs: int, warmup: int) -> dict[str, Any]:
+    """Each scenario paced and back to back (a failing one is reported, the others still measured)."""
+    found: dict[str, Any] = {}
+    for name in names:
+        try:
+            vary = name in BUILT_EACH_CALL
+            paced = await latencies(client, HELLO[name], runs, warmup, interval=1.0, vary=vary)
+            back_to_back = await latencies(client, HELLO[name], runs, 0, interval=0.0, vary=vary)
+        except SystemExit as exc:
+            found[name] = {"failed": str(exc)[:300]}
+            continue
+        found[name] = {"paced": summary(paced), "back_to_back": summary(back_to_back)}
+    return found
+
+
+async def measure(runs: int, warmup: int, only: list[str], zygote: bool) -> dict[str, Any]:
     report: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
         "backend": os.environ.get("BACKEND", "auto"),
@@ -169,19 +186,17 @@ async def measure(runs: int, warmup: int, only: list[str]) -> dict[str, Any]:
         stopped.append(stop)
     report["start_to_tools_list_ms"] = round(statistics.median(listed), 1)
     report["shutdown_ms"] = round(statistics.median(stopped), 1)
+    names = [name for name in HELLO if not only or any(word in name for word in only)]
     async with Client(server()) as client:
-        for name, arguments in HELLO.items():
-            if only and not any(word in name for word in only):
-                continue
-            try:
-                vary = name in BUILT_EACH_CALL
-                paced = await latencies(client, arguments, runs, warmup, interval=1.0, vary=vary)
-                back_to_back = await latencies(client, arguments, runs, 0, interval=0.0, vary=vary)
-            except SystemExit as exc:  # one failing scenario is reported, the others still measured
-                report["scenarios"][name] = {"failed": str(exc)[:300]}
-                continue
-            report["scenarios"][name] = {"paced": summary(paced), "back_to_back": summary(back_to_back)}
+        report["scenarios"] = await scenarios(client, names, runs, warmup)
         report["calls_per_s_16_calls_8_in_flight"] = round(await throughput(client, 16, 8), 1)
+    if zygote:
+        async with Client(server({"SANDBOX_ZYGOTE": "true"})) as client:
+            python = [name for name in names if name.startswith("python")]
+            report["zygote"] = {
+                "scenarios": await scenarios(client, python, runs, warmup),
+                "calls_per_s_16_calls_8_in_flight": round(await throughput(client, 16, 8), 1),
+            }
     report["floor_ms"] = floor(runs)
     report["load_average_at_end"] = os.getloadavg()
     return report
@@ -195,15 +210,19 @@ def table(report: dict[str, Any]) -> str:
         "| scenario | paced p50 / p95 | back to back p50 / p95 |",
         "|---|---|---|",
     ]
-    for name, numbers in report["scenarios"].items():
+    zygote: dict[str, Any] = report.get("zygote") or {"scenarios": {}}
+    rows = [*report["scenarios"].items(), *((f"zygote: {k}", v) for k, v in zygote["scenarios"].items())]
+    for name, numbers in rows:
         if "failed" in numbers:
             lines.append(f"| {name} | failed | {numbers['failed'][:80]} |")
             continue
         paced, b2b = numbers["paced"], numbers["back_to_back"]
         spread = [f"{column['p50_ms']:.0f} / {column['p95_ms']:.0f} ms" for column in (paced, b2b)]
         lines.append(f"| {name} | {spread[0]} | {spread[1]} |")
+    lines.append(f"| 16 calls, 8 in flight | {report['calls_per_s_16_calls_8_in_flight']} calls/s | |")
+    if "calls_per_s_16_calls_8_in_flight" in zygote:
+        lines.append(f"| zygote: 16 calls, 8 in flight | {zygote['calls_per_s_16_calls_8_in_flight']} calls/s | |")
     lines += [
-        f"| 16 calls, 8 in flight | {report['calls_per_s_16_calls_8_in_flight']} calls/s | |",
         f"| server start to tools/list | {report['start_to_tools_list_ms']:.0f} ms | |",
         f"| shutdown | {report['shutdown_ms']:.0f} ms | |",
         "",
@@ -218,8 +237,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the report here")
     parser.add_argument("--only", action="append", default=[], help="measure only scenarios whose name has this")
+    parser.add_argument("--zygote", action="store_true", help="also measure Python with SANDBOX_ZYGOTE=true")
     args = parser.parse_args()
-    report = anyio.run(measure, args.runs, args.warmup, args.only)
+    report = anyio.run(measure, args.runs, args.warmup, args.only, args.zygote)
     sys.stdout.write(table(report) + "\n")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -179,6 +179,8 @@ async def _doctor(settings: Settings) -> int:
     for line in egress_report(settings, chosen.install_network, egress_transport(chosen)):
         sys.stdout.write(f"egress: {line}\n")
     sys.stdout.write(f"pool: {_pool_line(settings)}\n")
+    if settings.sandbox_zygote:
+        sys.stdout.write(f"zygote: {await _zygote_line(settings)}\n")
     return 0
 
 
@@ -192,6 +194,22 @@ def _pool_line(settings: Settings) -> str:
         f"after {IDLE_SECONDS:g} s idle; each may use {settings.limits().memory_bytes // mib} MiB "
         f"(SANDBOX_MEM_LIMIT), all sandboxes together {settings.memory_budget() // mib} MiB (SANDBOX_MEMORY_BUDGET)"
     )
+
+
+async def _zygote_line(settings: Settings) -> str:
+    from llm_sandbox_mcp.backends import select_backend
+    from llm_sandbox_mcp.executor import Executor
+    from llm_sandbox_mcp.languages import get_language
+
+    backend, _ = await select_backend(settings)
+    try:
+        async with Executor(settings, backend) as executor:
+            python = get_language("python")
+            return await executor.zygotes.check(python, executor.spec_for(python))
+    except SandboxError as exc:
+        return f"not checked: {exc}"
+    finally:
+        await backend.aclose()
 
 
 def _seccomp_line(name: str, settings: Settings) -> str:

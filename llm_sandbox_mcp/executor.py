@@ -6,6 +6,7 @@ a session's cell.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field, replace
 from types import TracebackType
@@ -40,6 +41,7 @@ from llm_sandbox_mcp.models import (
 )
 from llm_sandbox_mcp.pool import Pool
 from llm_sandbox_mcp.transfer import unpack
+from llm_sandbox_mcp.zygote import Zygotes
 
 logger = logging.getLogger(__name__)
 
@@ -126,24 +128,23 @@ class Executor:
         self._cold: set[WarmKey] = set()
         self.limiter = anyio.CapacityLimiter(settings.sandbox_max_concurrency)
         self.images = ProjectImages(settings, backend)
+        self.zygotes = Zygotes(settings, backend, self.budget)
         self.builds = BuildCache(backend, settings.sandbox_build_cache_size)
+        self._stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> Executor:
-        await self.tunnels.__aenter__()
-        try:
-            await self.pool.__aenter__()
-        except BaseException:
-            await self.tunnels.__aexit__(None, None, None)
-            raise
+        async with contextlib.AsyncExitStack() as stack:
+            # Left in reverse: the zygotes (which use the pool's budget) first, the tunnels last.
+            await stack.enter_async_context(self.tunnels)
+            await stack.enter_async_context(self.pool)
+            await stack.enter_async_context(self.zygotes)
+            self._stack = stack.pop_all()
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        try:
-            await self.pool.__aexit__(exc_type, exc, tb)
-        finally:
-            await self.tunnels.__aexit__(exc_type, exc, tb)
+        await self._stack.__aexit__(exc_type, exc, tb)
 
     def program(self, code: str, language: str, libraries: list[str], timeout: float | None) -> Program:
         """Validate a request to run code. Raises InvalidRequest saying what to change."""
@@ -183,7 +184,11 @@ class Executor:
 
     def warm(self, language: Language) -> None:
         """Have sandboxes for `language` (without libraries) ready before the first call."""
-        self.pool.warm(WarmKey(language.name, self.spec_for(language)))
+        spec = self.spec_for(language)
+        if self.zygotes.serves(language, spec):
+            self.zygotes.warm(language, spec)
+        else:
+            self.pool.warm(WarmKey(language.name, spec))
 
     async def execute(
         self,
@@ -202,6 +207,10 @@ class Executor:
         live.phase = "waiting for a free slot (SANDBOX_MAX_CONCURRENCY)"
         async with self.limiter:
             spec = await self._spec(program.language, program.libraries, live=live)
+            live.phase = "starting the sandbox"
+            forked = await self.zygotes.run(program.language, spec, _decode(program.source), program.timeout, live)
+            if forked is not None:
+                return self._shape(program.language, forked, program.timeout, False)
             for cached in (True, False):
                 live.phase = "starting the sandbox"
                 lease = await self.pool.acquire(WarmKey(program.language.name, spec))

@@ -16,7 +16,7 @@ import json
 import logging
 import struct
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import cast
 
 import anyio
@@ -45,6 +45,11 @@ _INTERRUPT_GRACE = 2.0
 _CANCEL_GRACE = 1.0
 
 
+def encode_frame(kind: bytes, payload: bytes = b"") -> bytes:
+    """One frame of the protocol, as the server sends it."""
+    return _HEADER.pack(kind, len(payload)) + payload
+
+
 class KernelDied(SandboxFailure):
     """The kernel process ended or broke the protocol."""
 
@@ -65,6 +70,8 @@ class Kernel:
         # Set by a one-shot run whose files the runner could not collect with nothing of the program left
         # running (a timeout, a runner killed or stopped by the code): the caller collects from outside.
         self.collect_outside = False
+        # How a run's processes are killed from outside: the whole sandbox unless set (a zygote child: its cgroup).
+        self.killer: Callable[[], Awaitable[None]] | None = None
         self._buffer = bytearray()
         # What the current run may still send inline as file contents (0 outside a run).
         self._room = 0
@@ -90,7 +97,11 @@ class Kernel:
     async def launch(
         cls, backend: Backend, ref: SandboxRef, argv: list[str], env: Mapping[str, str], what: str
     ) -> Kernel:
-        process = await backend.start(ref, argv, env=env)
+        return await cls.greet(backend, ref, await backend.start(ref, argv, env=env), what)
+
+    @classmethod
+    async def greet(cls, backend: Backend, ref: SandboxRef, process: SandboxProcess, what: str) -> Kernel:
+        """A kernel over a started `process`, once its hello came. Raises KernelDied when it does not come."""
         kernel = cls(backend, ref, process)
         try:
             frame = await kernel._next_frame(time.monotonic() + _START_TIMEOUT)
@@ -186,7 +197,7 @@ class Kernel:
         try:
             # A kernel that does not read (stopped by the code of an earlier cell) cannot hold the call past its time.
             with anyio.fail_after(timeout):
-                await self.process.send(_HEADER.pack(b"R", len(payload)) + payload)
+                await self.process.send(encode_frame(b"R", payload))
             sent = True
             while exit_code is None:
                 frame = await self._next_frame(deadline)
@@ -297,7 +308,7 @@ class Kernel:
         self.alive = False
         with anyio.CancelScope(shield=True):
             try:
-                await self.backend.kill_all(self.ref)
+                await (self.killer() if self.killer is not None else self.backend.kill_all(self.ref))
             except SandboxFailure as exc:  # the sandbox is gone: so is everything that ran in it
                 logger.info("Could not kill the processes of %s: %s", self.ref.id[:12], exc)
 

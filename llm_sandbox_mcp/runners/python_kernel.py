@@ -83,11 +83,16 @@ def receive():
     return kind, read_exactly(size)
 
 
-def prepare():
+def write_files():
+    """The output directory and the matplotlib shim (again in each zygote child, whose /tmp is new)."""
     os.makedirs(OUT, exist_ok=True)
     os.makedirs(SHIM_DIR, exist_ok=True)
     with open(os.path.join(SHIM_DIR, "llm_sandbox_mpl.py"), "w") as shim:
         shim.write(SHIM)
+
+
+def prepare():
+    write_files()
     sys.path.insert(0, SHIM_DIR)
     # Child processes of the user's code capture their figures too.
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SHIM_DIR, os.environ.get("PYTHONPATH")) if p)
@@ -238,7 +243,7 @@ def wait_forwarded(fds):
 
 def drain(fds):
     """Forward everything already written to the pipes, without waiting for writers that stay alive."""
-    while True:
+    while fds:  # select on no descriptors would just sleep its timeout
         ready, _, _ = select.select(fds, [], [], 0.02)
         if not ready:
             return
@@ -258,24 +263,53 @@ def status_of(wait_status):
     return os.WEXITSTATUS(wait_status)
 
 
-def run_forked(request):
+def fork_program():
+    """Fork the process that runs a one-shot request, waiting for the request on a pipe of its own (a zygote
+    child forks it before its call comes). Returns its pid, its stdout and stderr, and the request pipe."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    before = snapshot()
+    request_r, request_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.setsid()
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
-        for fd in (out_r, out_w, err_r, err_w):
+        for fd in (out_r, out_w, err_r, err_w, request_w):
             os.close(fd)
         PROTO.close()
         STDIN.close()
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        with os.fdopen(request_r, "rb") as pipe:
+            request = json.loads(pipe.read().decode("utf-8"))
         namespace = fresh_main(request["filename"])
         os._exit(run_code(request, namespace))
-    os.close(out_w)
-    os.close(err_w)
+    for fd in (out_w, err_w, request_r):
+        os.close(fd)
+    return pid, out_r, err_r, request_w
+
+
+def reap_orphans(program):
+    """Reap exited children other than the program: as PID 1 (a zygote child's runner) the program's orphans
+    are this process's, and unreaped they would hold their pids. Elsewhere there are none."""
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None or info.si_pid == program:
+            return  # the program's own status is read by the caller
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(info.si_pid, 0)
+
+
+def run_forked(request, program=None):
+    before = snapshot()
+    pid, out_r, err_r, request_w = program or fork_program()
+    try:
+        with os.fdopen(request_w, "wb") as pipe:
+            pipe.write(json.dumps(request).encode("utf-8"))
+    except BrokenPipeError:
+        pass  # it died first (its status says how)
     fds = [out_r, err_r]
     kinds = {out_r: b"O", err_r: b"E"}
     open_fds = list(fds)
@@ -289,6 +323,7 @@ def run_forked(request):
             else:
                 open_fds.remove(fd)
         if wait_status is None:
+            reap_orphans(pid)
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 wait_status = status
@@ -438,4 +473,6 @@ def main():
         run_inline(request, capture)
 
 
-main()
+# Loaded as a module by the zygote (runners/python_zygote.py), which runs its own loop.
+if __name__ == "__main__":
+    main()

@@ -349,17 +349,21 @@ async def test_destroy_leaves_no_process_cgroup_or_state_behind(backend: HostSan
         await backend.exec(ref, ["true"], timeout=10)
 
 
-async def test_sweep_removes_what_a_dead_server_left(backend: HostSandbox[Any]) -> None:
-    await backend.describe()
-    dead = {
+def dead_owner() -> dict[str, str]:
+    """The labels of a server on this host that is no longer running."""
+    return {
         _owner.MANAGED: "true",
         _owner.INSTANCE: "dead",
         _owner.HOST: socket.gethostname(),
         _owner.PID: "999999999",
         _owner.STARTED: "1",
     }
+
+
+async def test_sweep_removes_what_a_dead_server_left(backend: HostSandbox[Any]) -> None:
+    await backend.describe()
     stale = state_root() / "sandboxes" / f"{uuid.uuid4().hex}.json"
-    stale.write_text(json.dumps({"labels": dead, "cgroups": []}))
+    stale.write_text(json.dumps({"labels": dead_owner(), "cgroups": []}))
     async with sandbox(backend) as ref:
         assert await backend.sweep() >= 1
         assert not stale.exists()

@@ -16,6 +16,8 @@ from llm_sandbox_mcp.backends._bubblewrap.seccomp import (
     SECCOMP_RET_ERRNO,
     SECCOMP_RET_KILL_PROCESS,
     SYSCALLS,
+    TEMPLATE_FILTER,
+    TEMPLATE_PERMITS,
 )
 
 AUDIT_ARCH_I386 = 0x40000003
@@ -25,10 +27,10 @@ CLONE_THREAD_FLAGS = 0x003D0F00  # what glibc's pthread_create passes
 SIGCHLD = 17
 
 
-def run_filter(arch: int, nr: int, arg0: int = 0) -> int:
+def run_filter(arch: int, nr: int, arg0: int = 0, bpf: bytes = FILTER) -> int:
     """What the kernel would decide for one syscall: classic BPF over struct seccomp_data."""
     data = struct.pack("<iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
-    program = [struct.unpack_from("<HBBI", FILTER, offset) for offset in range(0, len(FILTER), 8)]
+    program = [struct.unpack_from("<HBBI", bpf, offset) for offset in range(0, len(bpf), 8)]
     accumulator, pc = 0, 0
     while True:
         code, jt, jf, k = program[pc]
@@ -80,3 +82,20 @@ def test_other_abis_are_killed() -> None:
     assert run_filter(AUDIT_ARCH_I386, 26) == SECCOMP_RET_KILL_PROCESS  # i386 ptrace via int 0x80
     assert run_filter(AUDIT_ARCH_X86_64, 0x40000000 | 101) == SECCOMP_RET_KILL_PROCESS  # x32 ptrace
     assert run_filter(AUDIT_ARCH_X86_64, 0x40000000) == SECCOMP_RET_KILL_PROCESS
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_a_zygote_template_is_let_through_only_what_its_children_need(arch: int) -> None:
+    table = SYSCALLS[arch]
+    eperm = SECCOMP_RET_ERRNO | errno.EPERM
+    assert {"unshare", "mount", "sethostname"} == TEMPLATE_PERMITS
+    for name in DENIED:
+        if name in table:
+            expected = SECCOMP_RET_ALLOW if name in TEMPLATE_PERMITS else eperm
+            assert run_filter(arch, table[name], bpf=TEMPLATE_FILTER) == expected, name
+    assert run_filter(arch, table["unshare"], CLONE_NEWUSER | CLONE_NEWNET, bpf=TEMPLATE_FILTER) == SECCOMP_RET_ALLOW
+    # clone keeps its flag check: only unshare, which a child calls before any user code, may make namespaces.
+    assert run_filter(arch, table["clone"], CLONE_NEWUSER | SIGCHLD, bpf=TEMPLATE_FILTER) == eperm
+    assert run_filter(arch, table["clone"], SIGCHLD, bpf=TEMPLATE_FILTER) == SECCOMP_RET_ALLOW
+    assert run_filter(arch, table["clone3"], bpf=TEMPLATE_FILTER) == SECCOMP_RET_ERRNO | errno.ENOSYS
+    assert run_filter(AUDIT_ARCH_I386, 1, bpf=TEMPLATE_FILTER) == SECCOMP_RET_KILL_PROCESS

@@ -51,7 +51,7 @@ from llm_sandbox_mcp.backends._bubblewrap.host import (
     userns_unavailable,
 )
 from llm_sandbox_mcp.backends._bubblewrap.pipes import PipeProcess, feed, pump
-from llm_sandbox_mcp.backends._bubblewrap.seccomp import FILTER
+from llm_sandbox_mcp.backends._bubblewrap.seccomp import FILTER, TEMPLATE_FILTER
 from llm_sandbox_mcp.backends._container import OOM_SCORE_ADJ
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, SandboxFailure
@@ -74,6 +74,8 @@ _START_SECONDS = 30.0
 _DRAIN_SECONDS = 3.0
 # After a normal exit: a background process the command left running may keep the pipes open for good.
 _EXIT_DRAIN_SECONDS = 0.5
+# The cgroup of one zygote child: this prefix, its template's sandbox id, a dash.
+CALL_CGROUP_PREFIX = "call-"
 _USERNS_ERRORS = ("No permissions to creat", "setting up uid map", "uid_map", "Operation not permitted")
 
 
@@ -306,11 +308,24 @@ class HostSandbox(Generic[J]):
     ) -> Process:
         host = await self._host()
         command, fds = self._exec_command(host, box, argv, env, workdir)
+        return await self._launch(host, box, command, fds, cpu_seconds)
+
+    async def _launch(
+        self,
+        host: HostInfo[J],
+        box: Sandbox,
+        command: list[str],
+        fds: tuple[int, ...],
+        cpu_seconds: int | None,
+        nproc: int | None = None,
+        keep: tuple[int, ...] = (),
+    ) -> Process:
+        """Start a gated command; `fds` are passed and closed here, `keep` passed and left to the caller."""
         try:
             # As root: root's supplementary groups go now (if it has any: otherwise the cheaper vfork path stays
             # open), and nsenter switches the uid inside the holder.
             process = await anyio.open_process(
-                command, cwd="/", env=host_env(), start_new_session=True, pass_fds=fds,
+                command, cwd="/", env=host_env(), start_new_session=True, pass_fds=(*fds, *keep),
                 extra_groups=[] if host.root and os.getgroups() else None,
             )  # fmt: skip
         except OSError as exc:
@@ -320,7 +335,8 @@ class HostSandbox(Generic[J]):
                 os.close(fd)
         box.processes.add(process)
         try:
-            await anyio.to_thread.run_sync(self._confine, host, box, process.pid, cpu_seconds)
+            limits, cgroup = box.spec.limits, box.cgroup
+            await anyio.to_thread.run_sync(self._confine, host, limits, cgroup, process.pid, cpu_seconds, nproc)
             assert process.stdin is not None
             await process.stdin.send(b"\n")  # opens the gate
         except BaseException as exc:
@@ -332,9 +348,11 @@ class HostSandbox(Generic[J]):
             raise
         return process
 
-    def _confine(self, host: HostInfo[J], box: Sandbox, pid: int, cpu_seconds: int | None) -> None:
-        """Limits on the gate process, inherited by everything the exec starts."""
-        limits: Limits = box.spec.limits
+    def _confine(
+        self, host: HostInfo[J], limits: Limits, cgroup: Cgroup, pid: int, cpu_seconds: int | None,
+        nproc: int | None = None,
+    ) -> None:  # fmt: skip
+        """Limits on the gate process (or a zygote's child), inherited by everything it starts."""
         wanted = {
             resource.RLIMIT_NOFILE: limits.nofile,
             resource.RLIMIT_FSIZE: max(limits.workspace_bytes, limits.tmp_bytes),
@@ -343,7 +361,7 @@ class HostSandbox(Generic[J]):
         if cpu_seconds is not None:
             wanted[resource.RLIMIT_CPU] = cpu_seconds
         if host.nproc_per_userns:
-            wanted[resource.RLIMIT_NPROC] = limits.pids
+            wanted[resource.RLIMIT_NPROC] = nproc or limits.pids
         for kind, value in wanted.items():
             # CPU: SIGXCPU at the soft limit (catchable), SIGKILL a little later.
             soft, hard = value, value + 5 if kind == resource.RLIMIT_CPU else value
@@ -351,7 +369,7 @@ class HostSandbox(Generic[J]):
             if ceiling != resource.RLIM_INFINITY:
                 soft, hard = min(soft, ceiling), min(hard, ceiling)
             resource.prlimit(pid, kind, (soft, hard))
-        box.cgroup.place(pid)
+        cgroup.place(pid)
         # The kernel kills sandboxes before the server when memory runs out (inherited by what the exec starts).
         Path(f"/proc/{pid}/oom_score_adj").write_text(str(OOM_SCORE_ADJ))
 
@@ -425,8 +443,15 @@ class HostSandbox(Generic[J]):
                 continue
             if not _owner.owner_is_gone(record.get("labels") or {}):
                 continue
-            # The holder died with its server (--die-with-parent); only its cgroups can outlive it.
-            existing(record.get("cgroups") or []).remove()
+            # The holder died with its server (--die-with-parent); only its cgroups can outlive it, and those
+            # of its zygote children beside them.
+            recorded: list[str] = record.get("cgroups") or []
+            children = [
+                str(path)
+                for directory in recorded
+                for path in Path(directory).parent.glob(f"{CALL_CGROUP_PREFIX}{state_file.stem}-*")
+            ]
+            existing([*children, *recorded]).remove()
             state_file.unlink(missing_ok=True)
             swept += 1
         return swept
@@ -515,6 +540,54 @@ class BubblewrapBackend(HostSandbox[Bwrap]):
             seccomp_fd=seccomp, as_root=host.root,
         )  # fmt: skip
         return command, (seccomp,)
+
+    # -- zygote templates (see llm_sandbox_mcp.zygote) ------------------------------------------------------
+
+    async def start_template(
+        self, ref: SandboxRef, argv: Sequence[str], env: Mapping[str, str], control_fd: int, calls: int
+    ) -> PipeProcess:
+        """A zygote's template process: an exec whose bwrap leaves it able to make one user namespace per child
+        (no --disable-userns; `TEMPLATE_FILTER`), handed `control_fd` (same number; the caller closes it). Its
+        RLIMIT_NPROC leaves room for `calls` children at their own limit (a nested user namespace counts against
+        its parents)."""
+        box = self._box(ref)
+        host = await self._host()
+        if not host.nproc_per_userns:
+            raise SandboxFailure("zygote children need Linux 5.14 or newer (RLIMIT_NPROC per user namespace)")
+        seccomp = _memfd("seccomp", TEMPLATE_FILTER)
+        command = exec_argv(
+            host.jail, host.nsenter, box.holder_pid, box.spec.limits, argv, env=env, workdir=WORKDIR,
+            seccomp_fd=seccomp, as_root=host.root, template=True,
+        )  # fmt: skip
+        nproc = box.spec.limits.pids * (calls + 1)
+        process = await self._launch(host, box, command, (seccomp,), None, nproc=nproc, keep=(control_fd,))
+        return PipeProcess(process)
+
+    async def child_cgroup(self, ref: SandboxRef) -> Cgroup:
+        """A new cgroup with the sandbox's limits, for one child of its template (the caller removes it)."""
+        box = self._box(ref)
+        host = await self._host()
+        # Named after the template's sandbox, so a sweep after a crash finds them by its record.
+        name = f"{CALL_CGROUP_PREFIX}{box.id}-{uuid.uuid4().hex[:16]}"
+        cgroup = await anyio.to_thread.run_sync(host.cgroups.create, name, box.spec.limits)
+        if cgroup is None:
+            raise SandboxFailure(f"bubblewrap could not make a call's cgroup: {host.cgroups.problem}")
+        return cgroup
+
+    async def confine_child(self, ref: SandboxRef, pid: int, cgroup: Cgroup) -> None:
+        """Move the template's child at host pid `pid` (only a process in the template's cgroup qualifies) into
+        `cgroup`. The child sets its own rlimits (lowering them needs no privilege; setting another user's from
+        here needs CAP_SYS_RESOURCE, which containers often lack)."""
+        box = self._box(ref)
+        await anyio.to_thread.run_sync(self._confine_child, box, pid, cgroup)
+
+    def _confine_child(self, box: Sandbox, pid: int, cgroup: Cgroup) -> None:
+        if pid not in box.cgroup.pids():
+            raise SandboxFailure(f"process {pid} is not a child of the sandbox's template")
+        try:
+            cgroup.place(pid)
+        except OSError as exc:
+            raise SandboxFailure(f"Could not move a zygote child into its cgroup: {exc}") from exc
 
 
 async def holder_error(holder: Process) -> str:

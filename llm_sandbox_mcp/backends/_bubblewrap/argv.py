@@ -134,15 +134,19 @@ def exec_argv(
     workdir: PurePosixPath,
     seccomp_fd: int,
     as_root: bool = False,
+    template: bool = False,
 ) -> list[str]:
     """sh (the gate) -> nsenter into the holder -> bwrap (hardening) -> argv.
+
+    `template`: a zygote's template process (see `zygote`), which may make one user namespace per child,
+    so bwrap does not disable them (its seccomp filter, `TEMPLATE_FILTER`, lets unshare and mount through).
 
     As root the gate runs as root (so the server may set its rlimits without CAP_SYS_RESOURCE, which containers
     often lack), and nsenter becomes the sandbox user only inside the holder's user namespace: there
     RLIMIT_NPROC counts the sandbox's processes, not every process of that uid on the host.
     """
     inner = [
-        bwrap.inner_path, "--unshare-user", "--unshare-cgroup-try", "--disable-userns",
+        bwrap.inner_path, "--unshare-user", "--unshare-cgroup-try", *([] if template else ["--disable-userns"]),
         "--die-with-parent", "--new-session", "--cap-drop", "ALL",
         "--uid", str(limits.uid), "--gid", str(limits.gid),
         "--bind", "/", "/", "--dev", "/dev",

@@ -23,7 +23,16 @@ from llm_sandbox_mcp.seccomp import (
     SYSCALLS,
 )
 
-__all__ = ["AUDIT_ARCH_AARCH64", "AUDIT_ARCH_X86_64", "DENIED", "FILTER", "SYSCALLS", "build_filter"]
+__all__ = [
+    "AUDIT_ARCH_AARCH64",
+    "AUDIT_ARCH_X86_64",
+    "DENIED",
+    "FILTER",
+    "SYSCALLS",
+    "TEMPLATE_FILTER",
+    "TEMPLATE_PERMITS",
+    "build_filter",
+]
 
 # struct seccomp_data: int nr; u32 arch; u64 instruction_pointer; u64 args[6] (little-endian on both arches).
 _NR, _ARCH, _ARG0_LOW, _ARG0_HIGH = 0, 4, 16, 20
@@ -90,8 +99,12 @@ def _offset(positions: Mapping[str, int], label: str | None, index: int) -> int:
     return distance
 
 
-def build_filter() -> bytes:
-    """The filter as a packed `struct sock_filter[]`, ready to write to bwrap's `--seccomp` descriptor."""
+def build_filter(permit: frozenset[str] = frozenset()) -> bytes:
+    """The filter as a packed `struct sock_filter[]`, ready to write to bwrap's `--seccomp` descriptor.
+
+    `permit`: calls of the policy let through (a flag-checked call then takes any flags), for the template
+    process of `zygote` only, whose children stack the whole filter on top before any user code runs.
+    """
     program = _Program()
     program.load(_ARCH)
     program.jump(_JEQ_K, AUDIT_ARCH_X86_64, "x86_64")
@@ -103,9 +116,9 @@ def build_filter() -> bytes:
         if arch == AUDIT_ARCH_X86_64:
             program.jump(_JGE_K, _X32_BIT, "kill")
         for syscall in DENIED:
-            if syscall in table:
+            if syscall in table and syscall not in permit:
                 program.jump(_JEQ_K, table[syscall], "eperm")
-        for syscall in FLAG_CHECKED:
+        for syscall in (name for name in FLAG_CHECKED if name not in permit):
             program.jump(_JEQ_K, table[syscall], "namespaces")
         for syscall in ENOSYS_CALLS:
             program.jump(_JEQ_K, table[syscall], "enosys")
@@ -140,3 +153,7 @@ def build_filter() -> bytes:
 
 
 FILTER = build_filter()
+# What a zygote template needs to make each child's sandbox: new namespaces (unshare only, not clone), the
+# child's tmpfs and /proc mounts, and its host name.
+TEMPLATE_PERMITS = frozenset({"unshare", "mount", "sethostname"})
+TEMPLATE_FILTER = build_filter(TEMPLATE_PERMITS)
