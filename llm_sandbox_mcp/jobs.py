@@ -15,12 +15,11 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Literal, TypeVar
 
 import anyio
-from anyio.abc import TaskGroup
 
+from llm_sandbox_mcp.background import TaskOwner
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import InvalidRequest, SandboxError, SandboxNotFound
 from llm_sandbox_mcp.models import Execution, Live
@@ -61,34 +60,19 @@ class Job:
         return "the run failed inside the server (see its log)"
 
 
-class JobRegistry:
+class JobRegistry(TaskOwner):
     """The server's runs. Use as an async context manager: leaving it cancels every run still going."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._jobs: dict[str, Job] = {}
-        self._tasks: TaskGroup | None = None
-        self._closed = False
-
-    async def __aenter__(self) -> JobRegistry:
-        self._tasks = anyio.create_task_group()
-        await self._tasks.__aenter__()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._closed = True
-        assert self._tasks is not None
-        self._tasks.cancel_scope.cancel()
-        await self._tasks.__aexit__(exc_type, exc, tb)
 
     async def run(
         self, work: Work, language: str, session_id: str | None, background: bool, progress: Report | None = None
     ) -> Execution | Job:
         """Start `work`. In the background: the job at once. In the foreground: its outcome (its error raised),
         or the job when it is still running at the foreground limit and the job table has room."""
-        if self._tasks is None or self._closed:
+        if self._tasks is None:
             raise SandboxError("The server is shutting down")
         self._prune()
         if background:

@@ -24,14 +24,13 @@ import socket
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Protocol, runtime_checkable
 
 import anyio
 import anyio.to_thread
-from anyio.abc import TaskGroup
 
 from llm_sandbox_mcp.backends import Backend, SandboxProcess
+from llm_sandbox_mcp.background import TaskOwner
 from llm_sandbox_mcp.budget import MemoryBudget
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.egress.relay import egress_env
@@ -179,7 +178,7 @@ class Template:
     in_service: bool = True
 
 
-class Zygotes:
+class Zygotes(TaskOwner):
     """The templates of this server, one per sandbox kind, with the calls they fork. Use as an async context
     manager: children are forked ahead and used cgroups removed in the background, templates at the end."""
 
@@ -195,20 +194,8 @@ class Zygotes:
         # Sandbox kinds no template can serve here, and why; how many calls children ran.
         self.unavailable: dict[SandboxSpec, str] = {}
         self.served = 0
-        self._tasks: TaskGroup | None = None
 
-    async def __aenter__(self) -> Zygotes:
-        self._tasks = anyio.create_task_group()
-        await self._tasks.__aenter__()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        assert self._tasks is not None
-        self._tasks.cancel_scope.cancel()
-        await self._tasks.__aexit__(exc_type, exc, tb)
-        self._tasks = None
+    async def _after_tasks(self) -> None:
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as removals:
                 for template in list(self._templates.values()):

@@ -26,13 +26,13 @@ import math
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
 import anyio
 from anyio.abc import SocketStream, TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from llm_sandbox_mcp.backends import SandboxProcess
+from llm_sandbox_mcp.background import TaskOwner
 from llm_sandbox_mcp.egress.proxy import MAX_CONNECTIONS
 from llm_sandbox_mcp.errors import SandboxFailure
 
@@ -237,26 +237,9 @@ class Tunnel:
             await self._process.send(HEADER.pack(kind, stream_id, len(payload)) + payload)
 
 
-class Tunnels:
+class Tunnels(TaskOwner):
     """The background work of this server's egress tunnels. Use as an async context manager: leaving it ends
     every tunnel still open."""
-
-    def __init__(self) -> None:
-        self._tasks: TaskGroup | None = None
-
-    async def __aenter__(self) -> Tunnels:
-        self._tasks = anyio.create_task_group()
-        await self._tasks.__aenter__()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        assert self._tasks is not None
-        tasks, self._tasks = self._tasks, None
-        tasks.cancel_scope.cancel()
-        # No tunnel raises, so what the body raised goes on as it is, not wrapped in an exception group.
-        await tasks.__aexit__(None, None, None)
 
     async def open(self, process: SandboxProcess, socket_path: Path, label: str, pending: bytes = b"") -> Tunnel:
         """A tunnel for the relay `process` (whose output so far after its ready line is `pending`), running.
