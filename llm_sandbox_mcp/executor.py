@@ -20,13 +20,13 @@ from llm_sandbox_mcp.backends import Backend, stop_on_cancel
 from llm_sandbox_mcp.budget import MemoryBudget
 from llm_sandbox_mcp.build_cache import BUILD_PIPE_ENV, RUN_SCRIPTS, BuildCache, Plan
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.egress.relay import egress_env
+from llm_sandbox_mcp.egress.relay import run_env
 from llm_sandbox_mcp.egress.tunnel import Tunnels
 from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure
 from llm_sandbox_mcp.hints import missing_library_hint
 from llm_sandbox_mcp.images.build import ProjectImages
 from llm_sandbox_mcp.kernel import Kernel, KernelDied
-from llm_sandbox_mcp.languages import COMPILE_FAILED_MARKER, Language, get_language, sandbox_env
+from llm_sandbox_mcp.languages import COMPILE_FAILED_MARKER, Language, get_language
 from llm_sandbox_mcp.libraries import LibraryCache
 from llm_sandbox_mcp.models import (
     OUTPUT_DIR,
@@ -287,7 +287,7 @@ class Executor:
                     lang.run_argv(),
                     timeout=program.timeout,
                     stdin=program.source,
-                    env={**sandbox_env(lang, ref.spec.cache is not None), **egress_env(ref.spec)},
+                    env=run_env(lang, ref.spec),
                     output_limit=self.settings.sandbox_output_limit,
                     on_output=live.feed,
                 ),
@@ -361,10 +361,7 @@ class Executor:
 
     async def _start_kernel(self, lease: Lease, preload: bool) -> None:
         if lease.language.kernel:
-            env = {
-                **sandbox_env(lease.language, with_libraries=lease.ref.spec.cache is not None),
-                **egress_env(lease.ref.spec),
-            }
+            env = run_env(lease.language, lease.ref.spec)
             lease.kernel = await Kernel.start(self.backend, lease.ref, env, preload=preload)
 
     async def _start_runner(self, key: WarmKey, lease: Lease) -> None:
@@ -372,7 +369,7 @@ class Executor:
         warm_argv = lease.language.warm_argv
         if warm_argv is None or key in self._cold:
             return
-        env = sandbox_env(lease.language, with_libraries=lease.ref.spec.cache is not None)
+        env = run_env(lease.language, lease.ref.spec)
         if lease.language.name in RUN_SCRIPTS:
             env.update(BUILD_PIPE_ENV)
         try:

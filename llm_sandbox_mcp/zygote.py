@@ -33,10 +33,10 @@ from llm_sandbox_mcp.backends import Backend, SandboxProcess
 from llm_sandbox_mcp.background import TaskOwner
 from llm_sandbox_mcp.budget import MemoryBudget
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.egress.relay import egress_env
+from llm_sandbox_mcp.egress.relay import run_env
 from llm_sandbox_mcp.errors import SandboxError, SandboxFailure
 from llm_sandbox_mcp.kernel import Kernel, encode_frame
-from llm_sandbox_mcp.languages import Language, runner_source, sandbox_env
+from llm_sandbox_mcp.languages import Language, runner_source
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, Live, SandboxRef, SandboxSpec
 
 logger = logging.getLogger(__name__)
@@ -330,7 +330,7 @@ class Zygotes(TaskOwner):
                 "python3", "-c", runner_source("python_zygote.py"), runner_source("python_kernel.py"),
                 json.dumps(config),
             ]  # fmt: skip
-            env = {**sandbox_env(language, spec.cache is not None), **egress_env(spec), "LLM_SANDBOX_PRELOAD": "1"}
+            env = {**run_env(language, spec), "LLM_SANDBOX_PRELOAD": "1"}
             # Children alive at once: as many running as calls may run, as many again waiting ahead, in the making.
             calls = 2 * self._settings.sandbox_max_concurrency + 2
             process = await self._host.start_template(ref, argv, env, theirs.fileno(), calls)

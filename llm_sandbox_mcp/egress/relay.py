@@ -11,7 +11,7 @@ from llm_sandbox_mcp.backends import Backend, SandboxProcess, egress_transport
 from llm_sandbox_mcp.egress.proxy import SOCKET_NAME, EgressListener
 from llm_sandbox_mcp.egress.tunnel import MAX_PAYLOAD, Tunnel, Tunnels
 from llm_sandbox_mcp.errors import SandboxFailure
-from llm_sandbox_mcp.languages import runner_source
+from llm_sandbox_mcp.languages import Language, runner_source, sandbox_env
 from llm_sandbox_mcp.models import EGRESS_DIR, SandboxRef, SandboxSpec
 
 RELAY_PORT = 3128
@@ -30,9 +30,11 @@ def proxy_env() -> dict[str, str]:
     return {**dict.fromkeys(names, url), "NO_PROXY": "", "no_proxy": "", "JAVA_TOOL_OPTIONS": java}
 
 
-def egress_env(spec: SandboxSpec) -> dict[str, str]:
-    """The proxy variables for a sandbox that may reach the egress proxy (`spec.egress` set), else none."""
-    return proxy_env() if spec.egress is not None else {}
+def run_env(language: Language, spec: SandboxSpec) -> dict[str, str]:
+    """What code runs with in a sandbox of `spec`: the language's variables (its library paths when the store
+    is mounted) and, when the sandbox may reach the egress proxy (`spec.egress` set), the proxy's."""
+    proxy = proxy_env() if spec.egress is not None else {}
+    return {**sandbox_env(language, with_libraries=spec.cache is not None), **proxy}
 
 
 @dataclass
