@@ -28,6 +28,7 @@ import anyio
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
+from llm_sandbox_mcp.backends._bubblewrap.host import state_root
 from llm_sandbox_mcp.backends._owner import PID
 
 MIB = 1024**2
@@ -81,9 +82,8 @@ def cgroup_charge(directory: Path) -> int:
 
 def host_sandboxes(server_pid: int) -> list[dict[str, int]]:
     """bubblewrap and NsJail: the server's state records name each sandbox's cgroups."""
-    root = Path("/run/llm-sandbox-mcp") if os.geteuid() == 0 else Path(os.environ.get("XDG_RUNTIME_DIR", "/tmp"))
     found: list[dict[str, int]] = []
-    for record in root.glob("**/sandboxes/*.json"):
+    for record in (state_root() / "sandboxes").glob("*.json"):
         try:
             state = json.loads(record.read_text())
         except (OSError, ValueError):
