@@ -371,6 +371,7 @@ class Zygotes(TaskOwner):
             await self._host.confine_child(template.ref, pid, cgroup)
             process = SocketProcess(ours, hello)
             kernel = await Kernel.greet(self._backend, template.ref, process, "A zygote child")
+            kernel.keeps_time = True
             await process.send(encode_frame(b"G"))  # in its cgroup: it may start the program's process
         except BaseException as exc:
             ours.close()
