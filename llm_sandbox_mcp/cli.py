@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import get_args
+from typing import NoReturn, get_args
 
 import anyio
 
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return anyio.run(image_commands.run, settings, args)
     anyio.run(_serve, settings)
-    return 0
+    _exit_at_once(0)
 
 
 async def _serve(settings: Settings) -> None:
@@ -138,12 +138,24 @@ async def _serve(settings: Settings) -> None:
                 async for received in signals:
                     logger.info("Received %s; removing sandboxes and stopping", signal.Signals(received).name)
                     await state.close_now()
-                    sys.stderr.flush()
-                    os._exit(128 + received)
+                    _exit_at_once(128 + received)
 
         tasks.start_soon(stop_on_signal)
         await server.run_stdio_async()
         tasks.cancel_scope.cancel()
+
+
+def _exit_at_once(status: int) -> NoReturn:
+    """End the process without the interpreter's teardown, once serving has cleaned up everything it made.
+
+    Unloading the MCP SDK's few hundred modules and collecting their objects takes longer (150-250 ms on 2
+    cores) than all of the server's own shutdown, and nothing of ours is left for it to do: the lifespan has
+    removed every sandbox, closed the engine and joined the work it started.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 async def _doctor(settings: Settings) -> int:
