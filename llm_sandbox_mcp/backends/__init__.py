@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import import_module
 from pathlib import PurePosixPath
+from types import ModuleType
 from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, get_args, runtime_checkable
 
 import anyio
@@ -228,10 +229,23 @@ async def stop_on_cancel(backend: Backend, ref: SandboxRef, work: Callable[[], A
 
 def load_backend(name: str, settings: Settings) -> Backend:
     """Import the backend module for `name` and build it from settings."""
+    backend: Backend = _backend_module(name).from_settings(settings)
+    return backend
+
+
+async def open_backend(name: str, settings: Settings) -> Backend:
+    """`load_backend` with the engine's SDK imported in a worker thread, so the event loop (answering the
+    protocol meanwhile) is not held for the import; the backend is built in the loop's thread."""
+    module = await anyio.to_thread.run_sync(_backend_module, name)
+    backend: Backend = module.from_settings(settings)
+    return backend
+
+
+def _backend_module(name: str) -> ModuleType:
     if name not in BACKENDS:
         raise BackendUnavailable(f"No such backend: {name!r}; choose one of {', '.join(BACKENDS)}")
     try:
-        module = import_module(f"llm_sandbox_mcp.backends._{name}")
+        return import_module(f"llm_sandbox_mcp.backends._{name}")
     except ModuleNotFoundError as exc:
         if exc.name == f"llm_sandbox_mcp.backends._{name}":
             raise BackendUnavailable(f"Backend {name!r} is not part of this version of llm-sandbox-mcp") from exc
@@ -241,18 +255,16 @@ def load_backend(name: str, settings: Settings) -> Backend:
                 f"run `uvx --with {_EXTRAS[name]} llm-sandbox-mcp`"
             ) from exc
         raise
-    backend: Backend = module.from_settings(settings)
-    return backend
 
 
 async def select_backend(settings: Settings) -> tuple[Backend, str]:
     """The backend to use and why. An explicit BACKEND is used as is (its errors surface on first use)."""
     if settings.backend != "auto":
-        return load_backend(settings.backend, settings), f"BACKEND={settings.backend}"
+        return await open_backend(settings.backend, settings), f"BACKEND={settings.backend}"
     reasons: list[str] = []
     for name in AUTO_ORDER:
         try:
-            backend = load_backend(name, settings)
+            backend = await open_backend(name, settings)
         except SandboxError as exc:
             reasons.append(f"{name}: {exc}")
             continue
