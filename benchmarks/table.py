@@ -2,7 +2,7 @@
 physical floor of this machine measured in the same run.
 
     BACKEND=docker python benchmarks/table.py [--runs 10] [--warmup 2] [--json out.json] [--only go --only cpp]
-                                              [--zygote]
+                                              [--zygote] [--start-stop]
 
 Drives the installed `llm-sandbox-mcp` (beside this Python) over stdio with the official client, as a user's
 client would. Paced calls are one second apart (an agent thinking; the pool refills meanwhile); back-to-back
@@ -10,11 +10,15 @@ calls follow each other at once; "16 calls, 8 in flight" is what parallel tool c
 The floor is what the engine costs with no server at all: a process in a fresh bubblewrap sandbox, an exec
 into a running container, and a fork of a warm interpreter. `--zygote` measures the Python rows and the
 throughput once more on a second server with SANDBOX_ZYGOTE=true (bubblewrap), beside the first.
+Start-up is measured beside its own floor: the same interpreter, in the server's environment, starting and
+importing the MCP SDK (whether that reads compiled bytecode is part of the report); shutdown right after
+tools/list and with a warm pool. `--start-stop` measures only those rows and the floors.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import mcp
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
@@ -103,14 +108,54 @@ async def throughput(client: Client, calls: int, in_flight: int) -> float:
     return calls / (time.perf_counter() - started)
 
 
-async def start_and_stop() -> tuple[float, float]:
-    """Milliseconds from spawning the server to its tools/list answer, and from closing its stdin to its exit."""
+async def start_and_stop(warm: bool) -> tuple[float, float]:
+    """Milliseconds from spawning the server to its tools/list answer, and from closing its stdin to its exit;
+    `warm`: a call first, and its pool refilled, so shutdown has sandboxes to remove."""
     started = time.perf_counter()
     async with Client(server()) as client:
         await client.list_tools()
         listed = (time.perf_counter() - started) * 1000
+        if warm:
+            await timed_call(client, HELLO["python print(1)"])
+            await anyio.sleep(2.0)
         stopping = time.perf_counter()
     return listed, (time.perf_counter() - stopping) * 1000
+
+
+def start_floor(runs: int) -> dict[str, float]:
+    """What start-up costs before any code of ours runs, with the server's interpreter and environment: medians
+    in milliseconds from spawning to the first line written (after the import), so the interpreter's own
+    teardown, which the server skips, is not counted."""
+    env = server().env
+
+    def until_ready(code: str) -> float:
+        started = time.perf_counter()
+        child = subprocess.Popen(
+            [sys.executable, "-c", f"{code}\nimport sys; sys.stdout.write('ready\\n'); sys.stdout.flush()"],
+            stdout=subprocess.PIPE, env=env,
+        )  # fmt: skip
+        assert child.stdout is not None
+        child.stdout.readline()
+        elapsed = (time.perf_counter() - started) * 1000
+        child.wait()
+        child.stdout.close()
+        return elapsed
+
+    return {
+        "interpreter start": round(statistics.median(until_ready("pass") for _ in range(runs)), 1),
+        "import mcp.server (the official SDK)": round(
+            statistics.median(until_ready("import mcp.server") for _ in range(runs)), 1
+        ),
+    }
+
+
+def bytecode() -> str:
+    """Whether the server's imports read compiled bytecode or compile their sources at every start."""
+    env = server().env or {}
+    cached = Path(importlib.util.cache_from_source(mcp.__file__)).exists()
+    if env.get("PYTHONDONTWRITEBYTECODE") and not cached:
+        return "sources compiled at every start (PYTHONDONTWRITEBYTECODE is set and nothing is compiled)"
+    return "compiled bytecode" if cached else "no bytecode yet (the first start writes it)"
 
 
 def floor(runs: int) -> dict[str, float]:
@@ -170,7 +215,7 @@ async def scenarios(client: Client, names: list[str], runs: int, warmup: int) ->
     return found
 
 
-async def measure(runs: int, warmup: int, only: list[str], zygote: bool) -> dict[str, Any]:
+async def measure(runs: int, warmup: int, only: list[str], zygote: bool, start_stop: bool) -> dict[str, Any]:
     report: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
         "backend": os.environ.get("BACKEND", "auto"),
@@ -180,13 +225,22 @@ async def measure(runs: int, warmup: int, only: list[str], zygote: bool) -> dict
     }
     listed: list[float] = []
     stopped: list[float] = []
+    stopped_warm: list[float] = []
     for _ in range(3):
-        start, stop = await start_and_stop()
+        start, stop = await start_and_stop(warm=False)
         listed.append(start)
         stopped.append(stop)
+        stopped_warm.append((await start_and_stop(warm=True))[1])
     report["start_to_tools_list_ms"] = round(statistics.median(listed), 1)
     report["shutdown_ms"] = round(statistics.median(stopped), 1)
+    report["shutdown_warm_pool_ms"] = round(statistics.median(stopped_warm), 1)
+    report["start_floor_ms"] = start_floor(5)
+    report["bytecode"] = bytecode()
     names = [name for name in HELLO if not only or any(word in name for word in only)]
+    if start_stop:
+        report["floor_ms"] = floor(runs)
+        report["load_average_at_end"] = os.getloadavg()
+        return report
     async with Client(server()) as client:
         report["scenarios"] = await scenarios(client, names, runs, warmup)
         report["calls_per_s_16_calls_8_in_flight"] = round(await throughput(client, 16, 8), 1)
@@ -219,14 +273,20 @@ def table(report: dict[str, Any]) -> str:
         paced, b2b = numbers["paced"], numbers["back_to_back"]
         spread = [f"{column['p50_ms']:.0f} / {column['p95_ms']:.0f} ms" for column in (paced, b2b)]
         lines.append(f"| {name} | {spread[0]} | {spread[1]} |")
-    lines.append(f"| 16 calls, 8 in flight | {report['calls_per_s_16_calls_8_in_flight']} calls/s | |")
+    if "calls_per_s_16_calls_8_in_flight" in report:
+        lines.append(f"| 16 calls, 8 in flight | {report['calls_per_s_16_calls_8_in_flight']} calls/s | |")
     if "calls_per_s_16_calls_8_in_flight" in zygote:
         lines.append(f"| zygote: 16 calls, 8 in flight | {zygote['calls_per_s_16_calls_8_in_flight']} calls/s | |")
     lines += [
         f"| server start to tools/list | {report['start_to_tools_list_ms']:.0f} ms | |",
-        f"| shutdown | {report['shutdown_ms']:.0f} ms | |",
+        f"| shutdown right after tools/list / with a warm pool | {report['shutdown_ms']:.0f} ms / "
+        f"{report['shutdown_warm_pool_ms']:.0f} ms | |",
         "",
         "floor on this machine: " + "; ".join(f"{k} {v} ms" for k, v in report["floor_ms"].items()),
+        "start-up floor, same interpreter and environment as the server ("
+        + report["bytecode"]
+        + "): "
+        + "; ".join(f"{k} {v} ms" for k, v in report["start_floor_ms"].items()),
     ]
     return "\n".join(lines)
 
@@ -238,8 +298,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the report here")
     parser.add_argument("--only", action="append", default=[], help="measure only scenarios whose name has this")
     parser.add_argument("--zygote", action="store_true", help="also measure Python with SANDBOX_ZYGOTE=true")
+    parser.add_argument("--start-stop", action="store_true", help="measure only start-up, shutdown and the floors")
     args = parser.parse_args()
-    report = anyio.run(measure, args.runs, args.warmup, args.only, args.zygote)
+    report = anyio.run(measure, args.runs, args.warmup, args.only, args.zygote, args.start_stop)
     sys.stdout.write(table(report) + "\n")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
