@@ -29,6 +29,7 @@ from llm_sandbox_mcp.kernel import Kernel, KernelDied
 from llm_sandbox_mcp.languages import COMPILE_FAILED_MARKER, Language, get_language
 from llm_sandbox_mcp.libraries import LibraryCache
 from llm_sandbox_mcp.models import (
+    MAX_CODE_BYTES,
     OUTPUT_DIR,
     WORKDIR,
     CacheMount,
@@ -44,8 +45,6 @@ from llm_sandbox_mcp.transfer import unpack
 from llm_sandbox_mcp.zygote import Zygotes
 
 logger = logging.getLogger(__name__)
-
-MAX_CODE_BYTES = 1024 * 1024
 
 
 class _StaleBinary(Exception):

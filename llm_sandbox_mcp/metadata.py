@@ -1,11 +1,16 @@
-"""What clients show about the server and its tools: title, description, icon, and each tool's behaviour hints."""
+"""What clients show about the server and its tools: title, description, icon, each tool's behaviour hints, and
+the words for a session's lifetime."""
 
 from __future__ import annotations
 
 import base64
 from importlib.resources import files
+from typing import TYPE_CHECKING
 
 from mcp_types import Icon, ToolAnnotations
+
+if TYPE_CHECKING:
+    from llm_sandbox_mcp.config import Settings
 
 TITLE = "LLM Sandbox"
 # Kept equal to pyproject's description, at most 100 characters for the MCP registry (tests check both).
@@ -34,3 +39,18 @@ def hints(title: str, *, read_only: bool, destructive: bool, idempotent: bool, o
         idempotent_hint=idempotent,
         open_world_hint=open_world,
     )
+
+
+def duration(seconds: float) -> str:
+    """Seconds as a person says them: 8 h, 1.5 h, 30 min, 90 s."""
+    if seconds >= 3600 and seconds % 360 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60 and seconds % 6 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
+
+
+def lifetime(settings: Settings) -> str:
+    """How long a session lives, for the model that creates one: it cannot ask."""
+    idle, most = settings.sandbox_session_idle_ttl, settings.sandbox_session_max_lifetime
+    return f"expires after {duration(idle)} idle, {duration(most)} at most"

@@ -4,7 +4,7 @@
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
 from mcp.server import MCPServer
@@ -16,10 +16,9 @@ from llm_sandbox_mcp import __version__
 from llm_sandbox_mcp.backends import Backend, select_backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxError
-from llm_sandbox_mcp.executor import MAX_CODE_BYTES, Executor
-from llm_sandbox_mcp.jobs import JobRegistry
 from llm_sandbox_mcp.languages import LANGUAGES, get_language
 from llm_sandbox_mcp.metadata import DESCRIPTION, TITLE, hints, icons
+from llm_sandbox_mcp.models import MAX_CODE_BYTES
 from llm_sandbox_mcp.results import (
     ExecutionResult,
     JobInfo,
@@ -31,8 +30,12 @@ from llm_sandbox_mcp.results import (
     tool_errors,
 )
 from llm_sandbox_mcp.session_tools import register_session_tools
-from llm_sandbox_mcp.sessions import SessionRegistry
 from llm_sandbox_mcp.state import AppState
+
+if TYPE_CHECKING:
+    from llm_sandbox_mcp.executor import Executor
+    from llm_sandbox_mcp.jobs import JobRegistry
+    from llm_sandbox_mcp.sessions import SessionRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +59,7 @@ def build_server(
         """The engine, the executor and the registries, until `stop`; tools wait for `state.started`."""
         async with AsyncExitStack() as stack:
             try:
+                executor_class, sessions_class, jobs_class = await anyio.to_thread.run_sync(_engine_side)
                 if backend is not None:
                     engine = backend
                 else:
@@ -68,11 +72,11 @@ def build_server(
                         return
                     logger.info("%s", why)
                 stack.push_async_callback(_shielded, engine.aclose)
-                state.running = await stack.enter_async_context(Executor(settings, engine))
-                state.registry = SessionRegistry(settings, state.running)
+                state.running = await stack.enter_async_context(executor_class(settings, engine))
+                state.registry = sessions_class(settings, state.running)
                 stack.push_async_callback(_shielded, state.registry.aclose)
                 # Closed first: every job is cancelled, and its run stops, before sessions and sandboxes go.
-                state.runs = await stack.enter_async_context(JobRegistry(settings))
+                state.runs = await stack.enter_async_context(jobs_class(settings))
             finally:
                 state.started.set()
             async with anyio.create_task_group() as tasks:
@@ -228,12 +232,22 @@ def build_server(
     return server
 
 
+def _engine_side() -> "tuple[type[Executor], type[SessionRegistry], type[JobRegistry]]":
+    """The classes the lifespan builds, imported in a worker thread beside the protocol: with the pool, the
+    runners' hosts, the library cache and the egress tunnels behind them, initialize and tools/list need none."""
+    from llm_sandbox_mcp.executor import Executor
+    from llm_sandbox_mcp.jobs import JobRegistry
+    from llm_sandbox_mcp.sessions import SessionRegistry
+
+    return Executor, SessionRegistry, JobRegistry
+
+
 async def _shielded(close: Callable[[], Awaitable[None]]) -> None:
     with anyio.CancelScope(shield=True):
         await close()
 
 
-async def _prepare(executor: Executor) -> None:
+async def _prepare(executor: "Executor") -> None:
     """Start-up work that must not delay serving: sweep leftovers, warm the default language."""
     try:
         swept = await executor.backend.sweep()

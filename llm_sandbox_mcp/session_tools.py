@@ -12,7 +12,7 @@ from mcp_types import CallToolResult
 from pydantic import Field
 
 from llm_sandbox_mcp.languages import LANGUAGES
-from llm_sandbox_mcp.metadata import hints
+from llm_sandbox_mcp.metadata import hints, lifetime
 from llm_sandbox_mcp.models import MIN_CPUS
 from llm_sandbox_mcp.results import (
     Closed,
@@ -25,7 +25,6 @@ from llm_sandbox_mcp.results import (
     progress_of,
     tool_errors,
 )
-from llm_sandbox_mcp.sessions import lifetime
 from llm_sandbox_mcp.state import AppState
 
 SessionId = Annotated[str, Field(description="Id returned by create_session", max_length=64)]

@@ -19,6 +19,7 @@ from llm_sandbox_mcp.egress.relay import Relay, relay_alive, start_relay
 from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure, SandboxNotFound
 from llm_sandbox_mcp.executor import Cell, Executor, Lease, Program
 from llm_sandbox_mcp.languages import Language, get_language
+from llm_sandbox_mcp.metadata import duration
 from llm_sandbox_mcp.models import EGRESS_NETWORK, MIN_CPUS, MIN_MEMORY, Execution, Limits, Live
 
 logger = logging.getLogger(__name__)
@@ -32,21 +33,6 @@ _USAGE = (
     "du -sk /workspace 2>/dev/null | cut -f1; "
     "cat /sys/fs/cgroup/memory.current 2>/dev/null || cat /sys/fs/cgroup/memory/memory.usage_in_bytes 2>/dev/null"
 )
-
-
-def duration(seconds: float) -> str:
-    """Seconds as a person says them: 8 h, 1.5 h, 30 min, 90 s."""
-    if seconds >= 3600 and seconds % 360 == 0:
-        return f"{seconds / 3600:g} h"
-    if seconds >= 60 and seconds % 6 == 0:
-        return f"{seconds / 60:g} min"
-    return f"{seconds:g} s"
-
-
-def lifetime(settings: Settings) -> str:
-    """How long a session lives, for the model that creates one: it cannot ask."""
-    idle, most = settings.sandbox_session_idle_ttl, settings.sandbox_session_max_lifetime
-    return f"expires after {duration(idle)} idle, {duration(most)} at most"
 
 
 @dataclass

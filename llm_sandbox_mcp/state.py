@@ -1,12 +1,16 @@
 """What the lifespan builds and the tools call: one method per tool, each returning its wire model.
 
 Every member that needs the engine raises the start-up failure (with its fix) while the engine is missing,
-so a tool answers with that text rather than failing obscurely.
+so a tool answers with that text rather than failing obscurely. The engine side (executor, sessions, jobs,
+files) is imported only for types here: the server answers tools/list before the lifespan imports it.
 """
+
+from __future__ import annotations
 
 import base64
 import binascii
 import time
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -14,9 +18,6 @@ from llm_sandbox_mcp.artifacts import mime_type_of
 from llm_sandbox_mcp.backends import RuntimeProbe
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, InvalidRequest, SandboxError
-from llm_sandbox_mcp.executor import Executor
-from llm_sandbox_mcp.files import Files
-from llm_sandbox_mcp.jobs import Job, JobRegistry, Report, reporting
 from llm_sandbox_mcp.languages import LANGUAGES, Language, get_language
 from llm_sandbox_mcp.models import Execution, Live
 from llm_sandbox_mcp.results import (
@@ -31,7 +32,12 @@ from llm_sandbox_mcp.results import (
     SessionInfo,
     SessionList,
 )
-from llm_sandbox_mcp.sessions import Session, SessionRegistry
+
+if TYPE_CHECKING:
+    from llm_sandbox_mcp.executor import Executor
+    from llm_sandbox_mcp.files import Files
+    from llm_sandbox_mcp.jobs import Job, JobRegistry, Report
+    from llm_sandbox_mcp.sessions import Session, SessionRegistry
 
 
 class AppState:
@@ -77,6 +83,8 @@ class AppState:
 
     @property
     def files(self) -> Files:
+        from llm_sandbox_mcp.files import Files
+
         return Files(self.settings, self.executor.backend)
 
     async def close_now(self) -> None:
@@ -238,6 +246,8 @@ class AppState:
         network: bool | list[str],
         progress: Report | None = None,
     ) -> SessionInfo:
+        from llm_sandbox_mcp.jobs import reporting
+
         await self.ready()
         sessions, live = self.sessions, Live()
         session = await reporting(
