@@ -304,5 +304,7 @@ class SessionRegistry:
                 logger.exception("Could not close expired sessions")
 
     async def aclose(self) -> None:
-        for session_id in list(self._sessions):
-            await self._discard(session_id, "the server shut down")
+        # In parallel: each removal is an engine round trip, and shutdown waits for all of them.
+        async with anyio.create_task_group() as closing:
+            for session_id in list(self._sessions):
+                closing.start_soon(self._discard, session_id, "the server shut down")
