@@ -1,0 +1,46 @@
+"""What serving loads before it can answer tools/list: the MCP SDK and the tool declarations, not the engine side
+(its SDK, the executor, the pool, the runners' hosts, sessions, jobs) nor the other commands' modules."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+# Everything `llm-sandbox-mcp` (serve) runs before the lifespan starts the engine beside the protocol.
+_BEFORE_TOOLS_LIST = """
+import json, sys
+from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.server import build_server
+from llm_sandbox_mcp.state import AppState
+import llm_sandbox_mcp.cli
+settings = Settings()
+build_server(settings, state=AppState(settings))
+print(json.dumps(sorted(sys.modules)))
+"""
+
+_NOT_NEEDED = (
+    "llm_sandbox_mcp.executor",
+    "llm_sandbox_mcp.pool",
+    "llm_sandbox_mcp.kernel",
+    "llm_sandbox_mcp.zygote",
+    "llm_sandbox_mcp.sessions",
+    "llm_sandbox_mcp.jobs",
+    "llm_sandbox_mcp.libraries",
+    "llm_sandbox_mcp.files",
+    "llm_sandbox_mcp.install",
+    "llm_sandbox_mcp.backends._docker",
+    "llm_sandbox_mcp.backends._bubblewrap",
+    "docker",
+    "podman",
+    "kubernetes",
+)
+
+
+def test_declaring_the_tools_imports_neither_the_engine_side_nor_other_commands() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _BEFORE_TOOLS_LIST], capture_output=True, text=True, check=True, timeout=60
+    )
+    loaded = set(json.loads(done.stdout))
+    assert "llm_sandbox_mcp.server" in loaded
+    assert sorted(loaded.intersection(_NOT_NEEDED)) == []
