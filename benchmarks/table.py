@@ -154,8 +154,8 @@ def bytecode() -> str:
     env = server().env or {}
     cached = Path(importlib.util.cache_from_source(mcp.__file__)).exists()
     if env.get("PYTHONDONTWRITEBYTECODE") and not cached:
-        return "sources compiled at every start (PYTHONDONTWRITEBYTECODE is set and nothing is compiled)"
-    return "compiled bytecode" if cached else "no bytecode yet (the first start writes it)"
+        return "sources compiled at every start: PYTHONDONTWRITEBYTECODE is set and nothing is compiled"
+    return "compiled bytecode" if cached else "no bytecode yet, the first start writes it"
 
 
 def floor(runs: int) -> dict[str, float]:
@@ -226,7 +226,8 @@ async def measure(runs: int, warmup: int, only: list[str], zygote: bool, start_s
     listed: list[float] = []
     stopped: list[float] = []
     stopped_warm: list[float] = []
-    for _ in range(3):
+    # Three of each beside the scenarios; as many as the other columns' runs when they are all there is.
+    for _ in range(runs if start_stop else 3):
         start, stop = await start_and_stop(warm=False)
         listed.append(start)
         stopped.append(stop)
@@ -234,7 +235,7 @@ async def measure(runs: int, warmup: int, only: list[str], zygote: bool, start_s
     report["start_to_tools_list_ms"] = round(statistics.median(listed), 1)
     report["shutdown_ms"] = round(statistics.median(stopped), 1)
     report["shutdown_warm_pool_ms"] = round(statistics.median(stopped_warm), 1)
-    report["start_floor_ms"] = start_floor(5)
+    report["start_floor_ms"] = start_floor(runs if start_stop else 5)
     report["bytecode"] = bytecode()
     names = [name for name in HELLO if not only or any(word in name for word in only)]
     if start_stop:
@@ -283,7 +284,7 @@ def table(report: dict[str, Any]) -> str:
         f"{report['shutdown_warm_pool_ms']:.0f} ms | |",
         "",
         "floor on this machine: " + "; ".join(f"{k} {v} ms" for k, v in report["floor_ms"].items()),
-        "start-up floor, same interpreter and environment as the server ("
+        "start-up floor (the server's interpreter and environment; "
         + report["bytecode"]
         + "): "
         + "; ".join(f"{k} {v} ms" for k, v in report["start_floor_ms"].items()),
