@@ -99,7 +99,8 @@ def test_every_sandbox_is_removed_when_the_server_stops(request: pytest.FixtureR
         answers: dict[int, dict[str, Any]] = {}
         while len(answers) < 3:
             answer = json.loads(server.stdout.readline())
-            answers[answer["id"]] = answer
+            if "id" in answer:  # not a notification
+                answers[answer["id"]] = answer
         assert not answers[3]["result"].get("isError"), answers[3]
         deadline = time.monotonic() + 30
         while len(sandboxes()) < 2 and time.monotonic() < deadline:
