@@ -234,28 +234,40 @@ CPP = Language(
 _MAVEN_SPEC = re.compile(
     r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}:[A-Za-z0-9][A-Za-z0-9_.-]{0,99}:[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}"
 )
-_RESOLVER_END = "LLM_SANDBOX_RESOLVER_END"
+_JAVA_FLAGS = "-XX:+UseSerialGC -XX:MaxRAMPercentage=75"  # the heap may use most of the sandbox's memory
+_JAVA_STORE = f"{LIBS_DIR}/java/.runner"
+_HEREDOC_END = "LLM_SANDBOX_RUNNER_END"
+
+
+def _heredoc(path: str, source: str) -> str:
+    """Shell that writes the runner file `source` to `path` (a quoted here-document: nothing is expanded)."""
+    return f"cat > \"{path}\" <<'{_HEREDOC_END}'\n{runner_source(source)}{_HEREDOC_END}\n"
 
 
 def _maven_install(specs: Sequence[str]) -> list[str]:
-    script = (
-        f"set -e\ncat > /tmp/Resolve.java <<'{_RESOLVER_END}'\n{runner_source('java_resolve.java')}"
-        f'{_RESOLVER_END}\nexec java -XX:+UseSerialGC -XX:TieredStopAtLevel=1 /tmp/Resolve.java "$@"\n'
-    )
+    """The libraries' jars (java_resolve.java) when there are any, then the runner's fast start (java_prepare.sh)."""
+    script = "set -e\n"
+    if specs:
+        script += _heredoc("/tmp/Resolve.java", "java_resolve.java")
+        script += 'java -XX:+UseSerialGC -XX:TieredStopAtLevel=1 /tmp/Resolve.java "$@"\n'
+    script += 'set +e\nS=/tmp/.llm-sandbox\nmkdir -p "$S"\n' + _heredoc("$S/Runner.java", "java_runner.java")
+    script += runner_source("java_jdk.sh") + runner_source("java_prepare.sh")
     return ["sh", "-c", script, "sh", *specs]
 
 
-_RUNNER_END = "LLM_SANDBOX_RUNNER_END"
-
-
 def _java_warm() -> list[str]:
-    """The warm JVM (runners/java_runner.java) with the scripts it uses beside it, written at start."""
-    files = {"Runner.java": "java_runner.java", "scan.sh": "java_scan.sh", "run.sh": "java_run.sh"}
+    """The warm JVM (runners/java_runner.java) with the scripts it uses beside it, written at start: from the
+    store's runner jar and class data archive when they were made for this very JDK, else from source."""
     script = 'set -e\nS=/tmp/.llm-sandbox\nmkdir -p "$S" /tmp/classes\n'
-    for name, source in files.items():
-        script += f"cat > \"$S/{name}\" <<'{_RUNNER_END}'\n{runner_source(source)}{_RUNNER_END}\n"
-    # The heap may use most of the sandbox's memory (the JVM's default is a quarter of it).
-    script += 'exec java -XX:+UseSerialGC -XX:MaxRAMPercentage=75 -Xshare:auto "$S/Runner.java"\n'
+    for name, source in {"Runner.java": "java_runner.java", "scan.sh": "java_scan.sh", "run.sh": "java_run.sh"}.items():
+        script += _heredoc(f"$S/{name}", source)
+    script += f"set +e\nR={_JAVA_STORE}\n" + runner_source("java_jdk.sh")
+    script += (
+        'if [ -n "$jdk" ] && [ -f "$R/jdk" ] && [ "$(cat "$R/jdk")" = "$jdk" ]; then\n'
+        f'  exec java {_JAVA_FLAGS} -XX:SharedArchiveFile="$R/runner.jsa" -Xshare:auto -Xlog:cds=off '
+        '-Xlog:cds+dynamic=off -cp "$R/runner.jar" Runner --warm\nfi\n'
+        f'exec java {_JAVA_FLAGS} -Xshare:auto "$S/Runner.java"\n'
+    )
     return ["sh", "-c", script]
 
 
@@ -271,6 +283,7 @@ JAVA = Language(
     library_pattern=_MAVEN_SPEC,
     install_argv=_maven_install,
     registry_env={"LLM_SANDBOX_MAVEN_REPO": "sandbox_maven_repo"},
+    warm_cache=True,
     examples=(
         "import java.util.List;\n\npublic class Greeter {\n    record Person(String name, int age) {}\n\n"
         "    public static void main(String[] args) {\n"
