@@ -202,17 +202,25 @@ GO = Language(
 # A Debian package name (policy: lowercase letters, digits, + - .); no versions, options or paths.
 _DEBIAN_SPEC = re.compile(r"[a-z0-9][a-z0-9+.-]{1,99}")
 
+
+def _cpp_install(specs: Sequence[str]) -> list[str]:
+    """The Debian packages (cpp_install.sh) when there are any, then the precompiled headers (cpp_pch.sh)."""
+    names = ("cpp_flags.sh", *(("cpp_install.sh",) if specs else ()), "cpp_pch.sh")
+    return ["sh", "-c", "".join(runner_source(name) for name in names), "sh", *specs]
+
+
 CPP = Language(
     name="cpp",
     title="C++",
     file_name="main.cpp",
-    run_argv=_script("cpp_run.sh"),
-    warm_argv=_script("cpp_run.sh"),
+    run_argv=_script("cpp_flags.sh", "cpp_run.sh"),
+    warm_argv=_script("cpp_flags.sh", "cpp_run.sh"),
     version_argv=("g++", "--version"),
     package_manager="apt (download and unpack only)",
     library_syntax="a Debian package name, normally a -dev package such as 'libfmt-dev' or 'nlohmann-json3-dev'",
     library_pattern=_DEBIAN_SPEC,
-    install_argv=_script_install("cpp_install.sh"),
+    install_argv=_cpp_install,
+    warm_cache=True,
     examples=(
         "#include <iostream>\n#include <numeric>\n#include <ranges>\n#include <vector>\n\nint main() {\n"
         "    std::vector<int> v(10);\n    std::iota(v.begin(), v.end(), 1);\n"
