@@ -259,7 +259,7 @@ def _maven_install(specs: Sequence[str]) -> list[str]:
         script += _heredoc("/tmp/Resolve.java", "java_resolve.java")
         script += 'java -XX:+UseSerialGC -XX:TieredStopAtLevel=1 /tmp/Resolve.java "$@"\n'
     script += 'set +e\nS=/tmp/.llm-sandbox\nmkdir -p "$S"\n' + _heredoc("$S/Runner.java", "java_runner.java")
-    script += runner_source("java_jdk.sh") + runner_source("java_prepare.sh")
+    script += runner_source("java_made_for.sh") + runner_source("java_prepare.sh")
     return ["sh", "-c", script, "sh", *specs]
 
 
@@ -269,9 +269,9 @@ def _java_warm() -> list[str]:
     script = 'set -e\nS=/tmp/.llm-sandbox\nmkdir -p "$S" /tmp/classes\n'
     for name, source in {"Runner.java": "java_runner.java", "scan.sh": "java_scan.sh", "run.sh": "java_run.sh"}.items():
         script += _heredoc(f"$S/{name}", source)
-    script += f"set +e\nR={_JAVA_STORE}\n" + runner_source("java_jdk.sh")
+    script += f"set +e\nR={_JAVA_STORE}\n" + runner_source("java_made_for.sh")
     script += (
-        'if [ -n "$jdk" ] && [ -f "$R/jdk" ] && [ "$(cat "$R/jdk")" = "$jdk" ]; then\n'
+        'if made=$(java_made_for "$R") && [ -f "$R/made-for" ] && [ "$(cat "$R/made-for")" = "$made" ]; then\n'
         f'  exec java {_JAVA_FLAGS} -XX:SharedArchiveFile="$R/runner.jsa" -Xshare:auto -Xlog:cds=off '
         '-Xlog:cds+dynamic=off -cp "$R/runner.jar" Runner --warm\nfi\n'
         f'exec java {_JAVA_FLAGS} -Xshare:auto "$S/Runner.java"\n'
