@@ -243,6 +243,10 @@ _MAVEN_SPEC = re.compile(
     r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}:[A-Za-z0-9][A-Za-z0-9_.-]{0,99}:[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}"
 )
 _JAVA_FLAGS = "-XX:+UseSerialGC -XX:MaxRAMPercentage=75"  # the heap may use most of the sandbox's memory
+# The optimising compiler (C2) starts on a method after ten times the calls and loops it does by default: the
+# warm-up then costs the pool about a fifth less CPU (C2 compiling javac's code it would hardly use), while
+# a program's hot loops still get C2 (unlike -XX:TieredStopAtLevel=1, measured 1.5 times slower on them).
+_JAVA_C2_LATER = "-XX:Tier4InvocationThreshold=50000 -XX:Tier4CompileThreshold=60000 -XX:Tier4BackEdgeThreshold=400000"
 _JAVA_STORE = f"{LIBS_DIR}/java/.runner"
 _HEREDOC_END = "LLM_SANDBOX_RUNNER_END"
 
@@ -272,7 +276,7 @@ def _java_warm() -> list[str]:
     script += f"set +e\nR={_JAVA_STORE}\n" + runner_source("java_made_for.sh")
     script += (
         'if made=$(java_made_for "$R") && [ -f "$R/made-for" ] && [ "$(cat "$R/made-for")" = "$made" ]; then\n'
-        f'  exec java {_JAVA_FLAGS} -XX:SharedArchiveFile="$R/runner.jsa" -Xshare:auto -Xlog:cds=off '
+        f'  exec java {_JAVA_FLAGS} {_JAVA_C2_LATER} -XX:SharedArchiveFile="$R/runner.jsa" -Xshare:auto -Xlog:cds=off '
         '-Xlog:cds+dynamic=off -cp "$R/runner.jar" Runner --warm\nfi\n'
         f'exec java {_JAVA_FLAGS} -Xshare:auto "$S/Runner.java"\n'
     )
