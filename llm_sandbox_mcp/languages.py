@@ -190,7 +190,8 @@ GO = Language(
         "\tfmt.Println(squares)\n}\n",
     ),
     notes=(
-        "Code is a `package main` program in /workspace/main.go, built with `go build` and run as ./main; a "
+        "Code is a `package main` program in /workspace/main.go, built with `go build -ldflags='-s -w'` (no "
+        "symbol table or DWARF; panics still name functions and lines) and run as ./main; a "
         "build failure is phase 'compile'. Common standard packages come pre-built from a cache made the first "
         "time Go is used (that first call takes about a minute), so a build compiles only your package. "
         "Libraries are module paths with an optional @version, added to a module whose go.mod and go.sum are "
@@ -229,7 +230,9 @@ CPP = Language(
     ),
     notes=(
         "Code is compiled as /workspace/main.cpp with `g++ -std=c++20 -O1 -Wall -Wextra` and run as ./main; "
-        "warnings appear in stderr, and a compile failure is phase 'compile' with g++'s message. Libraries are "
+        "warnings appear in stderr, and a compile failure is phase 'compile' with g++'s message. A source whose "
+        "first include is <iostream>, <bits/stdc++.h>, <vector> or <string> compiles against that header "
+        "precompiled (made the first time C++ is used, 10-20 s). Libraries are "
         "Debian package names: apt cannot install as a non-root user on a read-only root, so each package and "
         "the dependencies the image lacks are downloaded from the image's apt sources and unpacked into the "
         "cache; their headers are on the include path and their libraries are linked (from their pkg-config "
@@ -312,7 +315,9 @@ JAVA = Language(
         "Any class name works: the file is named after the public top-level class (javac's rule), else after "
         "the class declaring `static void main`, else Main.java. Several classes may share the snippet (extra "
         "public top-level classes lose `public`, in place), and a package declaration is fine. javac compiles "
-        "it (a failure is phase 'compile'), then java runs the class declaring main. A snippet with no class "
+        "it (a failure is phase 'compile'), then java runs the class declaring main, in a JVM that started "
+        "and warmed javac before the call (from a class data archive made the first time Java is used, a few "
+        "seconds). A snippet with no class "
         "and a `void main()` runs as a Java 21 implicitly declared class (preview). Libraries are Maven "
         "coordinates: their jars and compile/runtime dependencies, from SANDBOX_MAVEN_REPO, are on the class "
         "path of javac and java."
