@@ -116,7 +116,9 @@ async def test_what_a_program_does_cannot_change_what_the_next_identical_call_ru
 ) -> None:
     lang = get_language("cpp")
     async with cache_of(backend, engine) as executor:
-        key = await executor.builds.key(lang, executor.spec_for(lang), TAMPER.encode())
+        # C++ runs mount the C++ store (its precompiled headers) even without libraries.
+        spec = executor.spec_for(lang, await executor.libraries.ensure(lang, []))
+        key = await executor.builds.key(lang, spec, TAMPER.encode())
         built = await executor.execute(TAMPER, "cpp", timeout=120)
         assert (built.exit_code, built.stdout.splitlines()[0], built.stderr) == (0, "built", "")
         kept = executor.builds.get(key)
