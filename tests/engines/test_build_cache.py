@@ -142,7 +142,8 @@ async def test_compile_errors_and_builds_with_warnings_are_not_kept(backend: Rec
 async def test_a_cached_binary_that_does_not_start_is_built_again(backend: RecordingBackend, engine: str) -> None:
     lang = get_language("cpp")
     async with cache_of(backend, engine) as executor:
-        key = await executor.builds.key(lang, executor.spec_for(lang), WHICH["cpp"].encode())
+        spec = executor.spec_for(lang, await executor.libraries.ensure(lang, []))
+        key = await executor.builds.key(lang, spec, WHICH["cpp"].encode())
         executor.builds.put(key, b"\x7fELF\x02\x01\x01" + b"\0" * 64)
         result = await executor.execute(WHICH["cpp"], "cpp", timeout=120)
         assert (result.exit_code, result.stdout, result.stderr) == (0, "built\nhello\n", "")
