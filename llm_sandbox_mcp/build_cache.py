@@ -22,8 +22,8 @@ from llm_sandbox_mcp.backends import Backend, ImageBuilder, RuntimeProbe
 from llm_sandbox_mcp.languages import Language, runner_source, sandbox_env
 from llm_sandbox_mcp.models import SandboxSpec
 
-# The languages whose run script speaks the build protocol, and that script.
-RUN_SCRIPTS = {"go": "go_run.sh", "cpp": "cpp_run.sh"}
+# The languages whose run script speaks the build protocol, and the runner files that script is made of.
+RUN_SCRIPTS = {"go": ("go_run.sh",), "cpp": ("cpp_flags.sh", "cpp_run.sh")}
 # The run script's environment variable naming its build pipe (the supervisor opens it as fd 3).
 BUILD_PIPE_ENV = {"LLM_SANDBOX_BUILD_PIPE": "3"}
 MAX_BINARY = 64 * 1024**2
@@ -91,7 +91,7 @@ class BuildCache:
             spec.image,
             await self._identity(lang, spec.image),
             spec.cache.key if spec.cache is not None else None,
-            hashlib.sha256(runner_source(RUN_SCRIPTS[lang.name]).encode()).hexdigest(),
+            hashlib.sha256("".join(map(runner_source, RUN_SCRIPTS[lang.name])).encode()).hexdigest(),
             sandbox_env(lang, with_libraries=spec.cache is not None),
             hashlib.sha256(source).hexdigest(),
         ]

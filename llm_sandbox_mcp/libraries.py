@@ -157,9 +157,11 @@ class LibraryCache:
         return self.settings.sandbox_install_network_mode or self.backend.install_network
 
     def key(self, lang: Language, specs: list[str]) -> str:
-        """Language, image, specs and the registry they come from: a different mirror is a different cache."""
+        """Language, image, specs, the registry they come from and the installer: a different mirror, or an
+        installer that writes another store (a new release's), is a different cache."""
         registry = sorted(install_env(lang, self.settings).items())
-        identity = json.dumps([lang.name, self.settings.image_for(lang.name), specs, registry])
+        installer = hashlib.sha256(json.dumps(lang.install_argv(specs)).encode()).hexdigest()
+        identity = json.dumps([lang.name, self.settings.image_for(lang.name), specs, registry, installer])
         return hashlib.sha256(identity.encode()).hexdigest()[:32]
 
     async def ensure(self, lang: Language, specs: list[str]) -> str:

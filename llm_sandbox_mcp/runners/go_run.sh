@@ -21,7 +21,7 @@ fi
 export GOPROXY=off GOFLAGS=-mod=mod
 if [ "$mode" = built ]; then exec ./main 3>&-; fi
 log=/tmp/.llm-sandbox-build.log
-go build -o main main.go 2>"$log" 3>&-
+go build -ldflags="-s -w" -o main main.go 2>"$log" 3>&-
 status=$?
 cat "$log" >&2
 if [ "$status" -ne 0 ]; then

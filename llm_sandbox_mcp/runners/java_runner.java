@@ -1,13 +1,17 @@
-// The warm JVM of a pooled Java sandbox: runs under runners/supervisor.pl as `java Runner.java` (written by
-// the script in languages.py) before the program exists, so the JVM start and javac's warm-up (the source
-// launcher compiles this file with it) are paid in the pool. It reads the program from stdin, names its
-// file with java_scan.sh, compiles it in this JVM with javax.tools (javac's own messages and exit status; a
-// failure ends stderr with the phase marker) and runs the main type from a fresh class loader, as `java`
-// would: same exit status, same uncaught-exception report, without this runner's frames. Preview code (an
-// implicitly declared class) needs a JVM started with --enable-preview: it falls back to java_run.sh.
-// Prints nothing of its own.
+// The warm JVM of a pooled Java sandbox: runs under runners/supervisor.pl (started by the script in
+// languages.py) before the program exists, so the JVM start and javac's warm-up are paid in the pool. Started
+// either from the runner jar and class data archive that java_prepare.sh made in the Java store (with
+// `--warm`: it then compiles a sample first, so that javac is warm when the program comes), or as
+// `java Runner.java` through the source launcher, which compiles this file with javac and so warms it. It
+// reads the program from stdin, names its file with java_scan.sh, compiles it in this JVM with javax.tools
+// (javac's own messages and exit status; a failure ends stderr with the phase marker) and runs the main type
+// from a fresh class loader, as `java` would: same exit status, same uncaught-exception report, without this
+// runner's frames. Preview code (an implicitly declared class) needs a JVM started with --enable-preview: it
+// falls back to java_run.sh. With `--train` (java_prepare.sh, while the archive is dumped) it compiles and
+// runs the sample only. Prints nothing of its own.
 import java.io.ByteArrayInputStream;
 import java.io.OutputStream;
+import java.io.PrintStream;
 import java.lang.reflect.InvocationTargetException;
 import java.lang.reflect.Method;
 import java.lang.reflect.Modifier;
@@ -18,6 +22,7 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.Comparator;
 import java.util.List;
 import java.util.stream.Stream;
 import javax.tools.JavaCompiler;
@@ -28,10 +33,22 @@ public class Runner {
     static final Path CLASSES = Path.of("/tmp/classes");
     static final Path LIBS = Path.of("/opt/llm-sandbox/libs/java");
     static final String COMPILE_FAILED = "\u001ellm-sandbox-phase:compile\u001e\n";
+    static final String SAMPLE = "import java.util.*;\n\npublic class Main {\n"
+            + "    public static void main(String[] args) {\n"
+            + "        List<String> words = new ArrayList<>(List.of(\"b\", \"a\"));\n"
+            + "        Collections.sort(words);\n"
+            + "        System.out.println(String.join(\",\", words) + words.size());\n    }\n}\n";
 
     public static void main(String[] args) throws Throwable {
-        // Already warm: the source launcher compiled this runner with it.
         JavaCompiler javac = ToolProvider.getSystemJavaCompiler();
+        List<String> options = Arrays.asList(args);
+        if (options.contains("--train")) {
+            warmUp(javac, true);
+            return;
+        }
+        if (options.contains("--warm")) {
+            warmUp(javac, false);
+        }
         byte[] source = System.in.readAllBytes();
         System.setIn(new ByteArrayInputStream(new byte[0]));
         Files.write(STATE.resolve("program.java"), source);
@@ -109,6 +126,33 @@ public class Runner {
                 }
             }
             System.exit(1);
+        }
+    }
+
+    /** Compiles (and with `run`, loads and runs, output dropped) a sample in a directory of its own, removed after. */
+    static void warmUp(JavaCompiler javac, boolean run) throws Exception {
+        Path dir = Files.createTempDirectory(STATE, "warm");
+        try {
+            Path file = Files.writeString(dir.resolve("Main.java"), SAMPLE);
+            OutputStream none = OutputStream.nullOutputStream();
+            if (javac.run(null, none, none, "-encoding", "UTF-8", "-d", dir.toString(), file.toString()) == 0 && run) {
+                ClassLoader loader = new URLClassLoader(new URL[] {dir.toUri().toURL()},
+                        ClassLoader.getPlatformClassLoader());
+                Method main = Class.forName("Main", false, loader).getMethod("main", String[].class);
+                PrintStream out = System.out;
+                System.setOut(new PrintStream(none));
+                try {
+                    main.invoke(null, (Object) new String[0]);
+                } finally {
+                    System.setOut(out);
+                }
+            }
+        } finally {
+            try (Stream<Path> entries = Files.walk(dir)) {
+                for (Path entry : entries.sorted(Comparator.reverseOrder()).toList()) {
+                    Files.deleteIfExists(entry);
+                }
+            }
         }
     }
 

@@ -116,7 +116,9 @@ async def test_what_a_program_does_cannot_change_what_the_next_identical_call_ru
 ) -> None:
     lang = get_language("cpp")
     async with cache_of(backend, engine) as executor:
-        key = await executor.builds.key(lang, executor.spec_for(lang), TAMPER.encode())
+        # C++ runs mount the C++ store (its precompiled headers) even without libraries.
+        spec = executor.spec_for(lang, await executor.libraries.ensure(lang, []))
+        key = await executor.builds.key(lang, spec, TAMPER.encode())
         built = await executor.execute(TAMPER, "cpp", timeout=120)
         assert (built.exit_code, built.stdout.splitlines()[0], built.stderr) == (0, "built", "")
         kept = executor.builds.get(key)
@@ -140,7 +142,8 @@ async def test_compile_errors_and_builds_with_warnings_are_not_kept(backend: Rec
 async def test_a_cached_binary_that_does_not_start_is_built_again(backend: RecordingBackend, engine: str) -> None:
     lang = get_language("cpp")
     async with cache_of(backend, engine) as executor:
-        key = await executor.builds.key(lang, executor.spec_for(lang), WHICH["cpp"].encode())
+        spec = executor.spec_for(lang, await executor.libraries.ensure(lang, []))
+        key = await executor.builds.key(lang, spec, WHICH["cpp"].encode())
         executor.builds.put(key, b"\x7fELF\x02\x01\x01" + b"\0" * 64)
         result = await executor.execute(WHICH["cpp"], "cpp", timeout=120)
         assert (result.exit_code, result.stdout, result.stderr) == (0, "built\nhello\n", "")
