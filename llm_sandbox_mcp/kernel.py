@@ -269,8 +269,10 @@ class Kernel:
                     build.feed(body)
                 elif kind == b"b":
                     build.end(_json_object(body).get("size"))
-                elif kind in (b"H", b"X"):
+                elif kind == b"H":
                     raise ProtocolError("a second hello")
+                elif kind == b"X":
+                    raise ProtocolError("a call sandbox's refusal during a run")
         except ProtocolError as exc:
             await self._kill()
             lost, exit_code, artifacts, build.whole = True, 137, [], None
