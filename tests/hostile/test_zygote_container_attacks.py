@@ -1,0 +1,66 @@
+"""The hostile tier's attacks on one-shot Python calls, against the children of zygote template containers
+(SANDBOX_ZYGOTE on Docker and Podman): a call must hold as a pooled container does, and leave the host as
+unharmed (`host_unharmed`), while the container serves the calls that follow."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from llm_sandbox_mcp.backends import load_backend
+from llm_sandbox_mcp.executor import Executor
+from tests.engines.conftest import engine_settings, require
+from tests.hostile import test_bombs_and_escapes as bombs
+from tests.hostile import test_boundary as boundary
+from tests.hostile import test_secrets_and_snooping as snooping
+
+pytestmark = [pytest.mark.anyio]
+
+
+@pytest.fixture(
+    params=[pytest.param("docker", marks=pytest.mark.docker), pytest.param("podman", marks=pytest.mark.podman)]
+)
+def engine(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+async def executor(request: pytest.FixtureRequest, engine: str) -> AsyncIterator[Executor]:
+    await require(request, engine)
+    settings = engine_settings(engine, sandbox_zygote=True, sandbox_pool_size=1)
+    backend = load_backend(engine, settings)
+    try:
+        async with Executor(settings, backend) as executor:
+            yield executor
+            # Every call of the test ran in a template container's child: none fell back to the pool.
+            assert executor.forks.served > 0 and not executor.forks.unavailable
+    finally:
+        await backend.aclose()
+
+
+test_a_disk_bomb_stops_at_the_workspace_and_tmp_sizes = bombs.test_a_disk_bomb_stops_at_the_workspace_and_tmp_sizes
+test_a_file_descriptor_bomb_stops_at_the_open_files_limit = (
+    bombs.test_a_file_descriptor_bomb_stops_at_the_open_files_limit
+)
+test_a_thread_bomb_stops_at_the_pids_limit = bombs.test_a_thread_bomb_stops_at_the_pids_limit
+test_raw_and_packet_sockets_devices_and_kernel_knobs_are_out_of_reach = (
+    bombs.test_raw_and_packet_sockets_devices_and_kernel_knobs_are_out_of_reach
+)
+test_links_in_the_outputs_never_bring_back_files_from_outside = (
+    bombs.test_links_in_the_outputs_never_bring_back_files_from_outside
+)
+test_the_interpreters_protocol_pipe_cannot_be_opened_by_the_code = (
+    boundary.test_the_interpreters_protocol_pipe_cannot_be_opened_by_the_code
+)
+test_a_code_that_stops_every_new_process_cannot_stretch_its_timeout = (
+    boundary.test_a_code_that_stops_every_new_process_cannot_stretch_its_timeout
+)
+test_pid_1_has_no_output_the_code_could_flood = boundary.test_pid_1_has_no_output_the_code_could_flood
+test_orphans_are_reaped_so_their_pids_come_back = boundary.test_orphans_are_reaped_so_their_pids_come_back
+test_the_servers_secrets_are_nowhere_the_code_can_look = snooping.test_the_servers_secrets_are_nowhere_the_code_can_look
+
+
+async def test_a_process_left_running_is_killed_before_the_files_are_read(executor: Executor) -> None:
+    await boundary.test_a_process_left_running_is_killed_before_the_files_are_read(executor, "python")
