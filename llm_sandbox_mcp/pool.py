@@ -230,6 +230,9 @@ class Pool(Generic[K, T]):
         except Exception:  # in the background: logged, never fatal
             logger.exception("A used sandbox could not be made ready again")
             usable = False
+        except BaseException:  # the pool is closing: the item is not lost with this task
+            await self._shielded_dispose(item)
+            raise
         finally:
             self._returning[key] -= 1
             if not self._returning[key]:
