@@ -175,13 +175,15 @@ class Pool(Generic[K, T]):
         """A fresh item for `key`; the pool refills behind it, unless it is lent (`recycle` or `release` it with
         its key)."""
         item, made = self._take(key)
+        waited = False
         while item is None and self._returning.get(key):
-            # An item on its way back is ready sooner than a new one.
+            # An item on its way back is ready sooner than a new one; more of them would have spared the wait.
+            waited = True
             await self._back.setdefault(key, anyio.Event()).wait()
             item, made = self._take(key)
         items = self._ready.get(key) or []
         self._used[key] = time.monotonic()
-        if item is None or (not items and self._making.get(key, 0)):
+        if item is None or waited or (not items and self._making.get(key, 0)):
             self._grow(key)
         if lend:
             self._lent[key] = self._lent.get(key, 0) + 1
