@@ -64,16 +64,23 @@ class Recorded:
 
 
 @asynccontextmanager
-async def recorded(request: pytest.FixtureRequest, engine: str) -> AsyncGenerator[Recorded]:
+async def container_executor(request: pytest.FixtureRequest, engine: str, **settings: int) -> AsyncGenerator[Executor]:
+    """An executor whose Python one-shot calls run in template containers' children (SANDBOX_ZYGOTE)."""
     await require(request, engine)
-    # One container, one call at a time: a call that follows another takes the same container when it was reused.
-    settings = engine_settings(engine, sandbox_zygote=True, sandbox_pool_size=1, sandbox_max_concurrency=1)
-    backend = load_backend(engine, settings)
+    configured = engine_settings(engine, sandbox_zygote=True, **{f"sandbox_{k}": v for k, v in settings.items()})
+    backend = load_backend(engine, configured)
     try:
-        async with Executor(settings, backend) as executor:
-            yield Recorded(executor)
+        async with Executor(configured, backend) as executor:
+            yield executor
     finally:
         await backend.aclose()
+
+
+@asynccontextmanager
+async def recorded(request: pytest.FixtureRequest, engine: str) -> AsyncGenerator[Recorded]:
+    # One container, one call at a time: a call that follows another takes the same container when it was reused.
+    async with container_executor(request, engine, pool_size=1, max_concurrency=1) as executor:
+        yield Recorded(executor)
 
 
 def probed(result: Execution) -> dict[str, object]:
