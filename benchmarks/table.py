@@ -9,7 +9,8 @@ client would. Paced calls are one second apart (an agent thinking; the pool refi
 calls follow each other at once; "16 calls, 8 in flight" is what parallel tool calls and sub-agents do.
 The floor is what the engine costs with no server at all: a process in a fresh bubblewrap sandbox, an exec
 into a running container, and a fork of a warm interpreter. `--zygote` measures the Python rows and the
-throughput once more on a second server with SANDBOX_ZYGOTE=true (bubblewrap), beside the first.
+throughput once more on a second server with SANDBOX_ZYGOTE=true, beside the first (bubblewrap: a template's
+children; Docker and Podman: template containers' children).
 """
 
 from __future__ import annotations
