@@ -268,8 +268,10 @@ class Executor:
         spec = self.spec_for(lang)
         if not self.forks.enabled:
             return await self.zygotes.check(lang, spec)
+        served = self.forks.served
         execution = await self.execute("print(1)", lang.name, timeout=30)
-        return self.forks.status(spec, execution.exit_code == 0 and execution.stdout == "1\n")
+        forked = self.forks.served > served
+        return self.forks.status(spec, forked and execution.exit_code == 0 and execution.stdout == "1\n")
 
     async def open(
         self, lang: Language, libraries: list[str], limits: Limits, live: Live | None = None, egress: str | None = None

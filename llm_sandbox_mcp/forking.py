@@ -117,5 +117,5 @@ class Forks:
         if plain in self.unavailable:
             return f"not used, calls take the pool: {self.unavailable[plain]}"
         if not ran:
-            return "a template container's child did not run the check"
+            return "the check did not run in a template container's child (see the log); calls still try them"
         return "works: Python one-shot calls run in fresh sandboxes forked inside template containers"
