@@ -22,6 +22,7 @@ class TaskOwner:
         tasks = anyio.create_task_group()
         await tasks.__aenter__()
         self._tasks = tasks
+        self._started(tasks)
         return self
 
     async def __aexit__(
@@ -33,6 +34,9 @@ class TaskOwner:
         # The work absorbs its own errors, so what the body raised goes on as it is, not in an exception group.
         await tasks.__aexit__(None, None, None)
         await self._after_tasks()
+
+    def _started(self, tasks: TaskGroup) -> None:
+        """Start work that runs for as long as the object is entered (for subclasses)."""
 
     async def _after_tasks(self) -> None:
         """What is left to do once the background work has ended (for subclasses)."""

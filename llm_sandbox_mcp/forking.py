@@ -36,7 +36,8 @@ ENGINES = ("docker", "podman")
 # How long a used template container may take to have its next call's sandbox ready.
 READY_SECONDS = 10.0
 # What Docker or Podman mask by default (their union, and /proc/interrupts): files behind /dev/null,
-# directories behind an empty read-only tmpfs; then what they make read-only. A template's children do it in their own mount namespace.
+# directories behind an empty read-only tmpfs; then what they make read-only. A template's children do it in
+# their own mount namespace.
 MASKED = (
     "/proc/acpi", "/proc/asound", "/proc/interrupts", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
     "/proc/sched_debug", "/proc/scsi", "/proc/timer_list", "/proc/timer_stats", "/sys/dev/block",

@@ -43,6 +43,9 @@ _START_TIMEOUT = 60.0
 _INTERRUPT_GRACE = 2.0
 # When the caller is gone (cancelled, disconnected), how long a session's cell gets to unwind from the interrupt.
 _CANCEL_GRACE = 1.0
+# How long past a one-shot run's timeout a kernel that keeps the time itself has to report (and send the files)
+# before the server kills from outside.
+_KEEP_TIME_GRACE = 2.0
 
 
 def encode_frame(kind: bytes, payload: bytes = b"") -> bytes:
@@ -81,6 +84,9 @@ class Kernel:
         self._room = 0
         # The binary the last run's build handed over whole (runners/supervisor.pl), when it asked for one.
         self.built: bytes | None = None
+        # Whether this runner enforces a one-shot run's timeout itself (the Python kernel), so a timed-out run
+        # still sends its files; the server's own deadline is then a little later.
+        self.keeps_time = False
 
     @classmethod
     async def start(
@@ -93,7 +99,9 @@ class Kernel:
         argv = ["python3", "-c", runner_source("python_kernel.py")]
         if forks is not None:
             argv += [runner_source("python_isolation.py"), forks]
-        return await cls.launch(backend, ref, argv, full_env, "The Python interpreter")
+        kernel = await cls.launch(backend, ref, argv, full_env, "The Python interpreter")
+        kernel.keeps_time = True
+        return kernel
 
     async def next_call(self, timeout: float) -> None:
         """Wait until a template container's kernel has its next call's sandbox ready (that child's hello, sent
@@ -206,6 +214,9 @@ class Kernel:
             request["binary"] = len(binary)
         if build_limit:
             request["build_limit"] = build_limit
+        kept = mode == "fork" and self.keeps_time
+        if kept:
+            request["timeout"] = timeout
         # The header is one line (JSON escapes newlines); the program follows as it is.
         payload = json.dumps(request).encode() + b"\n" + (binary or b"") + code.encode("utf-8", errors="replace")
         build = _Build(build_limit)
@@ -213,14 +224,14 @@ class Kernel:
         exit_code: int | None = None
         timed_out = False
         lost = False
-        deadline = started + timeout
+        deadline = started + timeout + (_KEEP_TIME_GRACE if kept else 0.0)
         interrupted = False
         sent = False
         self._room = artifact_limit
         self.collect_outside = False
         try:
             # A kernel that does not read (stopped by the code of an earlier cell) cannot hold the call past its time.
-            with anyio.fail_after(timeout):
+            with anyio.fail_after(deadline - started):
                 await self.process.send(encode_frame(b"R", payload))
             sent = True
             while exit_code is None:
@@ -258,9 +269,13 @@ class Kernel:
                 elif kind == b"D":
                     info = _json_object(body)
                     status, clean = info.get("exit"), info.get("clean", True)
+                    kept_time = info.get("timed_out", False)
                     if type(status) is not int or status not in _EXIT_RANGE or type(clean) is not bool:
                         raise ProtocolError("an invalid exit status")
+                    if type(kept_time) is not bool:
+                        raise ProtocolError("an invalid timeout flag")
                     exit_code = status
+                    timed_out = timed_out or kept_time
                     if not clean:
                         # Something of the program outlived every kill: its files are not to be trusted.
                         await self._kill()

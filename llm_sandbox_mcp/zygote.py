@@ -22,12 +22,14 @@ import logging
 import math
 import socket
 import struct
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import anyio
 import anyio.to_thread
+from anyio.abc import TaskGroup
 
 from llm_sandbox_mcp.backends import Backend, SandboxProcess
 from llm_sandbox_mcp.background import TaskOwner
@@ -38,6 +40,7 @@ from llm_sandbox_mcp.errors import SandboxError, SandboxFailure
 from llm_sandbox_mcp.kernel import Kernel, encode_frame
 from llm_sandbox_mcp.languages import Language, runner_source
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, Live, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.pool import IDLE_SECONDS
 
 logger = logging.getLogger(__name__)
 
@@ -176,6 +179,9 @@ class Template:
     # none, as the pool grows under load; a waiting child holds a process and a cgroup, hardly any memory.
     ahead: int = 0
     in_service: bool = True
+    # Calls running in its children, and when the last one ended (for going back to SANDBOX_POOL_SIZE).
+    running: int = 0
+    used: float = field(default_factory=time.monotonic)
 
 
 class Zygotes(TaskOwner):
@@ -194,6 +200,25 @@ class Zygotes(TaskOwner):
         # Sandbox kinds no template can serve here, and why; how many calls children ran.
         self.unavailable: dict[SandboxSpec, str] = {}
         self.served = 0
+        # After this long without a call, a template that keeps more children ready than it started with
+        # goes back to SANDBOX_POOL_SIZE, as the pool does.
+        self.idle = IDLE_SECONDS
+
+    def _started(self, tasks: TaskGroup) -> None:
+        if self._host is not None and self._settings.sandbox_max_concurrency > self._ahead:
+            tasks.start_soon(self._shrink_idle)
+
+    async def _shrink_idle(self) -> None:
+        while True:
+            await anyio.sleep(self.idle / 4)
+            now = time.monotonic()
+            for template in list(self._templates.values()):
+                if template.ahead <= self._ahead or template.running or now - template.used < self.idle:
+                    continue
+                template.ahead = self._ahead
+                extra, template.ready = template.ready[self._ahead :], template.ready[: self._ahead]
+                for child in extra:
+                    await self._close(child)
 
     async def _after_tasks(self) -> None:
         with anyio.CancelScope(shield=True):
@@ -237,6 +262,17 @@ class Zygotes(TaskOwner):
         template = await self._template(language, spec)
         if template is None:
             return None
+        template.running += 1
+        try:
+            return await self._run_in_child(language, template, code, timeout, live)
+        finally:
+            template.running -= 1
+            template.used = time.monotonic()
+
+    async def _run_in_child(
+        self, language: Language, template: Template, code: str, timeout: float, live: Live
+    ) -> ExecResult | None:
+        spec = template.spec
         with self._budget.held(spec.limits.memory_bytes, "a sandbox"):
             child = await self._take(template)
             if child is None:
@@ -371,6 +407,7 @@ class Zygotes(TaskOwner):
             await self._host.confine_child(template.ref, pid, cgroup)
             process = SocketProcess(ours, hello)
             kernel = await Kernel.greet(self._backend, template.ref, process, "A zygote child")
+            kernel.keeps_time = True
             await process.send(encode_frame(b"G"))  # in its cgroup: it may start the program's process
         except BaseException as exc:
             ours.close()

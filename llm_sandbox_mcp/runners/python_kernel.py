@@ -2,7 +2,7 @@
 # server on its stdin/stdout. Frames are 1 kind byte + 4-byte big-endian length + payload.
 #   server -> kernel  R {"mode": "fork"|"inline", "echo", "artifact_limit", "filename"} "\n" code (UTF-8)
 #   kernel -> server  H {"pid", "python"}   O stdout bytes   E stderr bytes
-#                     F {"name", "size", "inline"} "\n" data     D {"exit", "clean"?}
+#                     F {"name", "size", "inline"} "\n" data     D {"exit", "clean"?, "timed_out"?}
 # Started as `python3 -c <this file> <python_isolation.py source> <config JSON>`, it is the kernel of a Docker or
 # Podman zygote template container (serve_forks): it never runs user code itself, and each one-shot call runs
 # in a child that made a sandbox of its own first, whose "H" (one per call, before its request) says it is
@@ -10,8 +10,10 @@
 # "fork" runs the code in a forked child: a fresh process with the exit status, crashes and os._exit of a
 # real script; a one-shot run, so once the child has exited every other process of the sandbox user that did
 # not exist when the kernel started is killed before the output files are read ("clean": false in D when that
-# could not be achieved, with no files: the server then kills and collects from outside). "inline" runs it in
-# this process so variables survive between calls (sessions); what the code leaves running is left alone.
+# could not be achieved, with no files: the server then kills and collects from outside); a "timeout" in the
+# request (seconds) is enforced here, the program and all it started killed at it ("timed_out" in D), so its
+# files still come back. "inline" runs it in this process so variables survive between calls (sessions); what
+# the code leaves running is left alone.
 # The user's stdout/stderr go to pipes this kernel forwards, so nothing the code prints can break framing.
 # Must run on any Python 3.8+. Prints nothing of its own.
 import ast
@@ -330,28 +332,38 @@ def run_forked(request, program=None):
             pipe.write(json.dumps(request).encode("utf-8"))
     except BrokenPipeError:
         pass  # it died first (its status says how)
+    # The run's own timeout, kept here so that a timed-out program's files still come back (the server kills
+    # from outside only if this kernel does not report in time).
+    limit = request.get("timeout")
+    deadline = time.monotonic() + limit if isinstance(limit, (int, float)) else None
     fds = [out_r, err_r]
     kinds = {out_r: b"O", err_r: b"E"}
     open_fds = list(fds)
     wait_status = None
-    while open_fds:
-        ready, _, _ = select.select(open_fds, [], [], 0.05)
+    timed_out = False
+    while wait_status is None:
+        if open_fds:
+            ready, _, _ = select.select(open_fds, [], [], 0.05)
+        else:
+            ready = []
+            time.sleep(0.05)
         for fd in ready:
             data = os.read(fd, 65536)
             if data:
                 send(kinds[fd], data)
             else:
                 open_fds.remove(fd)
-        if wait_status is None:
-            reap_orphans(pid)
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                wait_status = status
-                # Background processes may keep the pipes open: take what is there and stop.
-                drain(open_fds)
-                break
-    if wait_status is None:
-        wait_status = os.waitpid(pid, 0)[1]
+        reap_orphans(pid)
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            wait_status = status
+        elif deadline is not None and time.monotonic() >= deadline:
+            timed_out = True
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+            wait_status = os.waitpid(pid, 0)[1]
+    # Background processes may keep the pipes open: take what is there and stop.
+    drain(open_fds)
     clean = kill_the_rest()
     if clean:
         drain([fd for fd in open_fds if fd in fds])
@@ -359,7 +371,7 @@ def run_forked(request, program=None):
         os.close(fd)
     if clean:
         send_artifacts(before, request["artifact_limit"])
-    send(b"D", json.dumps({"exit": status_of(wait_status), "clean": clean}).encode())
+    send(b"D", json.dumps({"exit": status_of(wait_status), "clean": clean, "timed_out": timed_out}).encode())
 
 
 def process_info(pid):

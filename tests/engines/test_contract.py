@@ -294,6 +294,23 @@ async def test_an_infinite_loop_times_out_as_a_result(executor: Executor) -> Non
     assert "timed out after 2 s" in result.stderr
 
 
+async def test_a_timed_out_program_still_returns_its_files(executor: Executor) -> None:
+    code = """
+    import os, subprocess, time
+    os.makedirs("outputs", exist_ok=True)
+    with open("outputs/partial.txt", "w") as handle:
+        handle.write("written before the timeout")
+    subprocess.Popen(["sleep", "1000"], start_new_session=True)
+    print("waiting", flush=True)
+    time.sleep(1000)
+    """
+    result = await run(executor, code, timeout=2)
+    assert result.timed_out and result.exit_code == 137, result
+    assert result.stdout == "waiting\n"
+    [artifact] = result.artifacts
+    assert artifact.name == "partial.txt" and artifact.data == b"written before the timeout"
+
+
 async def test_an_output_flood_is_capped_head_and_tail_without_growing_the_server(executor: Executor) -> None:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = await run(

@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from llm_sandbox_mcp import zygote
 from llm_sandbox_mcp.backends import _bubblewrap, load_backend
 from llm_sandbox_mcp.backends._bubblewrap import BubblewrapBackend
 from llm_sandbox_mcp.backends._bubblewrap.host import state_root
@@ -286,6 +287,22 @@ async def test_a_host_where_children_cannot_be_made_uses_the_pool(
     assert (await executor.zygotes.check(python, executor.spec_for(python))).startswith("not used")
 
 
+async def test_children_kept_ready_under_load_go_back_to_the_pool_size_when_idle(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(zygote, "IDLE_SECONDS", 1.0)
+    async with zygote_executor(request, 1) as executor:
+        async with anyio.create_task_group() as calls:
+            for _ in range(4):  # one finds the child forked ahead, the others none: more are kept ready
+                calls.start_soon(forked, executor, "import time\ntime.sleep(1)\n")
+        [template] = executor.zygotes._templates.values()  # pyright: ignore[reportPrivateUsage]
+        assert template.ahead > 1
+        with anyio.fail_after(30):
+            while template.ahead > 1 or len(template.ready) > 1:  # noqa: ASYNC110
+                await anyio.sleep(0.1)
+        assert (await forked(executor, "print(1)")).stdout == "1\n"
+
+
 async def test_sweep_removes_the_cgroups_of_a_dead_servers_children(request: pytest.FixtureRequest) -> None:
     await require(request, "bubblewrap")
     server, after_restart = BubblewrapBackend(None), BubblewrapBackend(None)
@@ -312,6 +329,7 @@ test_a_failing_program_is_a_result_with_the_users_line_numbers = (
 test_a_fork_bomb_is_contained_by_the_pids_limit = contract.test_a_fork_bomb_is_contained_by_the_pids_limit
 test_a_memory_bomb_is_killed = contract.test_a_memory_bomb_is_killed
 test_an_infinite_loop_times_out_as_a_result = contract.test_an_infinite_loop_times_out_as_a_result
+test_a_timed_out_program_still_returns_its_files = contract.test_a_timed_out_program_still_returns_its_files
 test_an_output_flood_is_capped_head_and_tail_without_growing_the_server = (
     contract.test_an_output_flood_is_capped_head_and_tail_without_growing_the_server
 )

@@ -89,6 +89,9 @@ async def test_an_honest_run_comes_back_whole() -> None:
         pytest.param(done("0"), "invalid exit status", id="exit-status-a-string"),
         pytest.param(done(10**40), "invalid exit status", id="exit-status-huge"),
         pytest.param(done(True), "invalid exit status", id="exit-status-a-boolean"),
+        pytest.param(
+            frame(b"D", b'{"exit": 137, "timed_out": "yes"}'), "invalid timeout flag", id="timeout-flag-a-string"
+        ),
         pytest.param(file_frame(["a"], b"x"), "invalid file header", id="file-name-not-a-string"),
         pytest.param(file_frame("a.txt", b"x", size=1e300), "invalid file header", id="file-size-a-float"),
         pytest.param(file_frame("a.txt", b"x", size=-1), "does not match", id="file-size-negative"),
