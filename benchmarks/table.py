@@ -9,8 +9,8 @@ client would. Paced calls are one second apart (an agent thinking; the pool refi
 calls follow each other at once; "16 calls, 8 in flight" is what parallel tool calls and sub-agents do.
 The floor is what the engine costs with no server at all: a process in a fresh bubblewrap sandbox, an exec
 into a running container, and a fork of a warm interpreter. `--zygote` measures the Python rows and the
-throughput once more on a second server with SANDBOX_ZYGOTE=true, beside the first (bubblewrap: a template's
-children; Docker and Podman: template containers' children).
+throughput once more on a second server with SANDBOX_ZYGOTE=true, beside the first, which then runs with
+SANDBOX_ZYGOTE=false (bubblewrap: a template's children; Docker and Podman: template containers' children).
 """
 
 from __future__ import annotations
@@ -188,7 +188,8 @@ async def measure(runs: int, warmup: int, only: list[str], zygote: bool) -> dict
     report["start_to_tools_list_ms"] = round(statistics.median(listed), 1)
     report["shutdown_ms"] = round(statistics.median(stopped), 1)
     names = [name for name in HELLO if not only or any(word in name for word in only)]
-    async with Client(server()) as client:
+    # With --zygote the first server is the pool alone, to compare with (the zygote is on by default).
+    async with Client(server({"SANDBOX_ZYGOTE": "false"} if zygote else None)) as client:
         report["scenarios"] = await scenarios(client, names, runs, warmup)
         report["calls_per_s_16_calls_8_in_flight"] = round(await throughput(client, 16, 8), 1)
     if zygote:
