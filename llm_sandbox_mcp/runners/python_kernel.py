@@ -509,6 +509,9 @@ def call_sandbox(isolation, config):
         isolation.fresh_mounts(config)
         os.chdir("/workspace")
         not_dumpable()
+        # What predates the call is what this PID namespace has now (itself), not the template's processes.
+        BEFORE.clear()
+        del INIT_SESSION[:]
         note_existing()
         write_files()
         isolation.lock_down(config)
