@@ -9,7 +9,8 @@ client would. Paced calls are one second apart (an agent thinking; the pool refi
 calls follow each other at once; "16 calls, 8 in flight" is what parallel tool calls and sub-agents do.
 The floor is what the engine costs with no server at all: a process in a fresh bubblewrap sandbox, an exec
 into a running container, and a fork of a warm interpreter. `--zygote` measures the Python rows and the
-throughput once more on a second server with SANDBOX_ZYGOTE=true (bubblewrap), beside the first.
+throughput once more on a second server with SANDBOX_ZYGOTE=true, beside the first, which then runs with
+SANDBOX_ZYGOTE=false (bubblewrap: a template's children; Docker and Podman: template containers' children).
 Start-up is measured beside its own floor: the same interpreter, in the server's environment, starting and
 importing the MCP SDK (whether that reads compiled bytecode is part of the report); shutdown right after
 tools/list and with a warm pool. `--start-stop` measures only those rows and the floors.
@@ -242,7 +243,8 @@ async def measure(runs: int, warmup: int, only: list[str], zygote: bool, start_s
         report["floor_ms"] = floor(runs)
         report["load_average_at_end"] = os.getloadavg()
         return report
-    async with Client(server()) as client:
+    # With --zygote the first server is the pool alone, to compare with (the zygote is on by default).
+    async with Client(server({"SANDBOX_ZYGOTE": "false"} if zygote else None)) as client:
         report["scenarios"] = await scenarios(client, names, runs, warmup)
         report["calls_per_s_16_calls_8_in_flight"] = round(await throughput(client, 16, 8), 1)
     if zygote:

@@ -217,7 +217,7 @@ async def _zygote_line(settings: Settings) -> str:
     try:
         async with Executor(settings, backend) as executor:
             python = get_language("python")
-            return await executor.zygotes.check(python, executor.spec_for(python))
+            return await executor.check_zygote(python)
     except SandboxError as exc:
         return f"not checked: {exc}"
     finally:

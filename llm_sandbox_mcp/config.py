@@ -128,6 +128,7 @@ class Settings(BaseSettings):
     sandbox_pool_size: int = Field(default=2, ge=0, le=16)
     sandbox_max_concurrency: PositiveInt = 4
     sandbox_zygote: bool = True
+    sandbox_zygote_reuse: int = Field(default=100, ge=1, le=100_000)
     sandbox_memory_budget: Size | None = None
     sandbox_cache_max_size: Size = 4 * 1024**3
     sandbox_cache_total_size: Size = 20 * 1024**3

@@ -23,9 +23,10 @@ from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.egress.relay import run_env
 from llm_sandbox_mcp.egress.tunnel import Tunnels
 from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure
+from llm_sandbox_mcp.forking import READY_SECONDS, Forks, ForksUnavailable
 from llm_sandbox_mcp.hints import missing_library_hint
 from llm_sandbox_mcp.images.build import ProjectImages
-from llm_sandbox_mcp.kernel import Kernel, KernelDied
+from llm_sandbox_mcp.kernel import Kernel, KernelDied, SandboxRefused
 from llm_sandbox_mcp.languages import COMPILE_FAILED_MARKER, Language, get_language
 from llm_sandbox_mcp.libraries import LibraryCache
 from llm_sandbox_mcp.models import (
@@ -93,8 +94,10 @@ class Lease:
     kernel: Kernel | None = None
     # What this sandbox holds of the server's memory budget.
     charged: int = 0
-    # From the pool, used by exactly one run and destroyed afterwards (not a session's).
+    # From the pool, used by exactly one run and destroyed afterwards (not a session's); a zygote template
+    # container (`spec.forks`) may serve more runs, each in a sandbox of its own (`forking`).
     one_shot: bool = True
+    calls: int = 0
 
 
 def _decode(data: bytes) -> str:
@@ -128,6 +131,7 @@ class Executor:
         self.limiter = anyio.CapacityLimiter(settings.sandbox_max_concurrency)
         self.images = ProjectImages(settings, backend)
         self.zygotes = Zygotes(settings, backend, self.budget)
+        self.forks = Forks(settings, backend.name)
         self.builds = BuildCache(backend, settings.sandbox_build_cache_size)
         self._stack = contextlib.AsyncExitStack()
 
@@ -187,7 +191,7 @@ class Executor:
         if self.zygotes.serves(language, spec):
             self.zygotes.warm(language, spec)
         else:
-            self.pool.warm(WarmKey(language.name, spec))
+            self.pool.warm(WarmKey(language.name, self.forks.spec(language, spec)))
 
     async def execute(
         self,
@@ -212,14 +216,61 @@ class Executor:
                 return self._shape(program.language, forked, program.timeout, False)
             for cached in (True, False):
                 live.phase = "starting the sandbox"
-                lease = await self.pool.acquire(WarmKey(program.language.name, spec))
+                key, lease = await self._acquire(program.language, spec)
+                again = False
                 try:
-                    return await self.run(lease, program, live=live, cached=cached)
+                    execution = await self.run(lease, program, live=live, cached=cached)
+                    lease.calls += 1
+                    self.forks.served += key.spec.forks
+                    alive = lease.kernel is not None and lease.kernel.alive and not lease.kernel.collect_outside
+                    again = self.forks.reusable(lease.ref.spec, execution, lease.calls, alive)
+                    return execution
                 except _StaleBinary:
                     logger.info("A cached %s binary did not start; building it again", program.language.title)
                 finally:
-                    await self.pool.release(lease)
+                    if again:
+                        await self.pool.recycle(key, lease, self._ready_again)
+                    else:
+                        await self.pool.release(lease, key if key.spec.forks else None)
             raise AssertionError("unreachable: a run without the build cache never raises _StaleBinary")
+
+    async def _acquire(self, lang: Language, spec: SandboxSpec) -> tuple[WarmKey, Lease]:
+        """A sandbox for a one-shot run: a template container's (lent) where one serves this kind, else a pooled
+        one, also when the template container could not be had (the call never fails for that)."""
+        forking = self.forks.spec(lang, spec)
+        if forking.forks:
+            key = WarmKey(lang.name, forking)
+            try:
+                return key, await self.pool.acquire(key, lend=True)
+            except ForksUnavailable:
+                pass
+            except SandboxFailure as exc:
+                logger.info("No zygote template container for this call (%s); it takes the pool", exc)
+        key = WarmKey(lang.name, spec)
+        return key, await self.pool.acquire(key)
+
+    async def _ready_again(self, lease: Lease) -> bool:
+        """Whether a template container's kernel has the next call's sandbox ready (the last call's processes
+        all gone)."""
+        if lease.kernel is None:
+            return False
+        try:
+            await lease.kernel.next_call(READY_SECONDS)
+        except SandboxFailure as exc:
+            logger.info("A zygote template container is not reused: %s", exc)
+            return False
+        self.forks.recycled += 1
+        return True
+
+    async def check_zygote(self, lang: Language) -> str:
+        """For `doctor`: whether Python one-shot calls fork their sandboxes here (bubblewrap or containers)."""
+        spec = self.spec_for(lang)
+        if not self.forks.enabled:
+            return await self.zygotes.check(lang, spec)
+        served = self.forks.served
+        execution = await self.execute("print(1)", lang.name, timeout=30)
+        forked = self.forks.served > served
+        return self.forks.status(spec, forked and execution.exit_code == 0 and execution.stdout == "1\n")
 
     async def open(
         self, lang: Language, libraries: list[str], limits: Limits, live: Live | None = None, egress: str | None = None
@@ -272,7 +323,11 @@ class Executor:
             )
             if plan is not None:
                 self._keep_build(plan, kernel, result)
-            if kernel.collect_outside and cell is None:
+            if kernel.collect_outside and cell is None and lease.ref.spec.forks:
+                # The call's files lived in its own tmpfs, gone with its namespaces once it was killed.
+                result.artifacts = []
+                result.stderr += b"\n[the run was stopped before its output files could be read]\n"
+            elif kernel.collect_outside and cell is None:
                 # The runner could not collect with nothing of the program left running; the kernel has killed
                 # everything from outside since, so the files are read from outside.
                 result.artifacts = await self._outputs_from_outside(lease.ref, result)
@@ -359,9 +414,22 @@ class Executor:
         return lease
 
     async def _start_kernel(self, lease: Lease, preload: bool) -> None:
-        if lease.language.kernel:
-            env = run_env(lease.language, lease.ref.spec)
+        if not lease.language.kernel:
+            return
+        env = run_env(lease.language, lease.ref.spec)
+        spec = lease.ref.spec
+        if not spec.forks:
             lease.kernel = await Kernel.start(self.backend, lease.ref, env, preload=preload)
+            return
+        # A template container serves many calls: its children inherit the imports, so they are always made.
+        lease.kernel = await Kernel.start(
+            self.backend, lease.ref, env, preload=True, forks=self.forks.config(spec.limits)
+        )
+        try:
+            await lease.kernel.next_call(READY_SECONDS)
+        except SandboxRefused as exc:
+            self.forks.mark(spec, str(exc))
+            raise ForksUnavailable(str(exc)) from exc
 
     async def _start_runner(self, key: WarmKey, lease: Lease) -> None:
         """The language's runtime started ahead, waiting for the program; a sandbox that cannot runs cold."""

@@ -61,6 +61,10 @@ class ProtocolError(KernelDied):
     """The kernel (or code writing to its descriptor) sent something the protocol does not allow."""
 
 
+class SandboxRefused(KernelDied):
+    """A template container's call child could not make its sandbox here (its reason is the message)."""
+
+
 class Kernel:
     """One interpreter process in one sandbox."""
 
@@ -85,13 +89,33 @@ class Kernel:
         self.keeps_time = False
 
     @classmethod
-    async def start(cls, backend: Backend, ref: SandboxRef, env: Mapping[str, str], preload: bool) -> Kernel:
-        """Start the Python kernel and wait for its hello. Raises KernelDied when it does not come up."""
+    async def start(
+        cls, backend: Backend, ref: SandboxRef, env: Mapping[str, str], preload: bool, forks: str | None = None
+    ) -> Kernel:
+        """Start the Python kernel and wait for its hello. Raises KernelDied when it does not come up. `forks`: the
+        config (JSON) of a zygote template container's kernel, whose calls each run in a sandbox of their own
+        (`next_call`)."""
         full_env = {**env, "LLM_SANDBOX_PRELOAD": "1" if preload else "0"}
         argv = ["python3", "-c", runner_source("python_kernel.py")]
+        if forks is not None:
+            argv += [runner_source("python_isolation.py"), forks]
         kernel = await cls.launch(backend, ref, argv, full_env, "The Python interpreter")
         kernel.keeps_time = True
         return kernel
+
+    async def next_call(self, timeout: float) -> None:
+        """Wait until a template container's kernel has its next call's sandbox ready (that child's hello, sent
+        once every process of the call before it is gone). Raises SandboxRefused with the child's reason when
+        it could not make its sandbox, KernelDied for anything else."""
+        frame = await self._next_frame(time.monotonic() + timeout)
+        if frame is None:
+            raise KernelDied("the next call's sandbox was not ready in time")
+        kind, body = frame
+        if kind == b"X":
+            reason = _json_object(body).get("error")
+            raise SandboxRefused(reason if isinstance(reason, str) else "no reason given")
+        if kind != b"H":
+            raise ProtocolError(f"a {kind.decode('latin-1')!r} frame between calls")
 
     @classmethod
     async def supervise(
@@ -131,7 +155,7 @@ class Kernel:
             return _MAX_STREAM_FRAME
         if kind == b"F":
             return _MAX_FILE_HEADER + 1 + self._room
-        if kind in (b"H", b"D", b"b"):
+        if kind in (b"H", b"D", b"b", b"X"):
             return _MAX_JSON
         raise ProtocolError(f"unknown frame kind {kind!r}")
 
@@ -262,6 +286,8 @@ class Kernel:
                     build.end(_json_object(body).get("size"))
                 elif kind == b"H":
                     raise ProtocolError("a second hello")
+                elif kind == b"X":
+                    raise ProtocolError("a call sandbox's refusal during a run")
         except ProtocolError as exc:
             await self._kill()
             lost, exit_code, artifacts, build.whole = True, 137, [], None

@@ -68,6 +68,9 @@ class SandboxSpec:
     cache: CacheMount | None = None
     # A host directory holding the egress proxy's socket for this sandbox, mounted at EGRESS_DIR.
     egress: str | None = None
+    # A zygote template container (SANDBOX_ZYGOTE on Docker/Podman): its kernel makes each one-shot call a
+    # sandbox of its own in nested namespaces, so the engine lets it unshare and mount (see `forking`).
+    forks: bool = False
 
 
 @dataclass

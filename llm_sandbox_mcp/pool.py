@@ -1,7 +1,10 @@
 """Warm pool: sandboxes made ready ahead of time, so a call costs a message rather than a container start.
 
 Items are used once: `acquire` takes a ready one (or makes one), a replacement is made in the background,
-and `release` disposes of the used one in the background. The pool adapts: a key whose calls find it empty
+and `release` disposes of the used one in the background. An item that can serve again (a zygote template
+container, whose calls each run in a sandbox of their own) is lent instead (`acquire(key, lend=True)`): no
+replacement is made for it while it is out, and `recycle` puts it back once it says it is ready again.
+The pool adapts: a key whose calls find it empty
 (back-to-back or parallel calls) gets a larger target, up to `max_size` and while `can_grow` allows it (the
 memory budget), refilled in parallel; a key left idle shrinks back to `size`.
 """
@@ -61,6 +64,12 @@ class Pool(Generic[K, T]):
         self._max_age = max_age
         self._ready: OrderedDict[K, list[tuple[float, T]]] = OrderedDict()
         self._making: dict[K, int] = {}
+        # Items lent out per key, and when each lent item was made (ids: items need not be hashable).
+        self._lent: dict[K, int] = {}
+        self._made: dict[int, float] = {}
+        # Items being taken back per key, and what a caller waiting for one of them waits on.
+        self._returning: dict[K, int] = {}
+        self._back: dict[K, anyio.Event] = {}
         self._tasks: TaskGroup | None = None
         self._closed = False
 
@@ -101,7 +110,8 @@ class Pool(Generic[K, T]):
         self._ready.move_to_end(key)
         self._evict()
         target = self._target.get(key, self._size)
-        have = len(self._ready[key]) + self._making.get(key, 0)
+        out = self._lent.get(key, 0) + self._returning.get(key, 0)
+        have = len(self._ready[key]) + self._making.get(key, 0) + out
         for count in range(have, target):
             if count >= self._size and not self._can_grow(key):
                 break
@@ -161,26 +171,95 @@ class Pool(Generic[K, T]):
                 if self._tasks is not None:
                     self._tasks.start_soon(self._shielded_dispose, item)
 
-    async def acquire(self, key: K) -> T:
-        """A fresh item for `key`; the pool refills behind it."""
+    async def acquire(self, key: K, lend: bool = False) -> T:
+        """A fresh item for `key`; the pool refills behind it, unless it is lent (`recycle` or `release` it with
+        its key)."""
+        item, made = self._take(key)
+        waited = False
+        while item is None and self._returning.get(key):
+            # An item on its way back is ready sooner than a new one; more of them would have spared the wait.
+            waited = True
+            await self._back.setdefault(key, anyio.Event()).wait()
+            item, made = self._take(key)
         items = self._ready.get(key) or []
-        item: T | None = None
-        while items and item is None:
-            made, candidate = items.pop(0)
-            if time.monotonic() - made <= self._max_age:
-                item = candidate
-            elif self._tasks is not None:
-                self._tasks.start_soon(self._shielded_dispose, candidate)
         self._used[key] = time.monotonic()
-        if item is None or (not items and self._making.get(key, 0)):
+        if item is None or waited or (not items and self._making.get(key, 0)):
             self._grow(key)
+        if lend:
+            self._lent[key] = self._lent.get(key, 0) + 1
         self.warm(key)
         if item is None:
-            item = await self._make(key, False)
+            try:
+                item = await self._make(key, False)
+            except BaseException:
+                if lend:
+                    self._returned(key)
+                raise
+            made = time.monotonic()
+        if lend:
+            self._made[id(item)] = made
         return item
 
-    async def release(self, item: T) -> None:
-        """Dispose of a used item, in the background unless the pool is closing."""
+    def _take(self, key: K) -> tuple[T | None, float]:
+        items = self._ready.get(key) or []
+        while items:
+            made, candidate = items.pop(0)
+            if time.monotonic() - made <= self._max_age:
+                return candidate, made
+            if self._tasks is not None:
+                self._tasks.start_soon(self._shielded_dispose, candidate)
+        return None, 0.0
+
+    def _returned(self, key: K) -> None:
+        self._lent[key] -= 1
+        if not self._lent[key]:
+            del self._lent[key]
+
+    async def recycle(self, key: K, item: T, ready: Callable[[T], Awaitable[bool]]) -> None:
+        """Take back a lent item whose use ended cleanly: ready again for `key` once `ready(item)` says so (in
+        the background), disposed of when it does not, when it is too old, or when the key has enough."""
+        made = self._made.pop(id(item), 0.0)
+        self._returned(key)
+        if self._tasks is None or self._closed:
+            await self._shielded_dispose(item)
+            return
+        self._returning[key] = self._returning.get(key, 0) + 1
+        self._tasks.start_soon(self._take_back, key, item, made, ready)
+
+    async def _take_back(self, key: K, item: T, made: float, ready: Callable[[T], Awaitable[bool]]) -> None:
+        try:
+            usable = await ready(item)
+        except Exception:  # in the background: logged, never fatal
+            logger.exception("A used sandbox could not be made ready again")
+            usable = False
+        except BaseException:  # the pool is closing: the item is not lost with this task
+            await self._shielded_dispose(item)
+            raise
+        finally:
+            self._returning[key] -= 1
+            if not self._returning[key]:
+                del self._returning[key]
+            self._back.pop(key, anyio.Event()).set()
+        items = self._ready.get(key)
+        fresh = time.monotonic() - made <= self._max_age
+        if (
+            usable
+            and fresh
+            and not self._closed
+            and items is not None
+            and len(items) < self._target.get(key, self._size)
+        ):
+            items.insert(0, (made, item))
+            return
+        await self._shielded_dispose(item)
+        self.warm(key)
+
+    async def release(self, item: T, key: K | None = None) -> None:
+        """Dispose of a used item, in the background unless the pool is closing; `key`: it was lent for it."""
+        if key is not None:
+            self._made.pop(id(item), None)
+            self._returned(key)
+            self.warm(key)
         if self._tasks is None or self._closed:
             await self._shielded_dispose(item)
             return

@@ -92,6 +92,11 @@ ENOSYS_CALLS = ("clone3",)
 # 0x20008, and 0xffffffff (the query). Anything else (ADDR_NO_RANDOMIZE 0x0040000, READ_IMPLIES_EXEC...) fails.
 PERSONALITY_ALLOWED = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)
 SOCKET_FAMILIES_DENIED = (40,)  # AF_VSOCK
+# What a zygote's template process needs to make each child's sandbox (new namespaces through unshare only,
+# not clone; the child's tmpfs, /proc and mask mounts; its host name). Only templates get these: a bubblewrap
+# template's filter and the Docker/Podman template container's profile. Their children stack the whole
+# policy on top before any user code runs.
+TEMPLATE_PERMITS = frozenset({"unshare", "mount", "sethostname"})
 
 ARCHES: dict[int, str] = {AUDIT_ARCH_X86_64: "SCMP_ARCH_X86_64", AUDIT_ARCH_AARCH64: "SCMP_ARCH_AARCH64"}
 
@@ -177,23 +182,27 @@ def _rule(
     return rule
 
 
-def oci_profile() -> dict[str, object]:
+def oci_profile(permit: frozenset[str] = frozenset()) -> dict[str, object]:
     """The policy as a seccomp profile in the Docker/OCI JSON format (Docker, Podman, CRI runtimes).
 
     Every rule has one comparison at most: a rule's comparisons are ANDed, but runtimes turn several
     comparisons of the same argument into separate rules (ORed), so the policy never relies on either.
+    `permit`: calls of the policy let through (a flag-checked call then takes any flags), for zygote template
+    containers only (`TEMPLATE_PERMITS`).
     """
     masked = "SCMP_CMP_MASKED_EQ"
+    denied = [name for name in DENIED if name not in permit]
+    checked = [name for name in FLAG_CHECKED if name not in permit]
     return {
         "defaultAction": "SCMP_ACT_ALLOW",
         "archMap": [{"architecture": name, "subArchitectures": []} for name in ARCHES.values()],
         "syscalls": [
-            _rule(DENIED, comment="; ".join(reason for reason, _ in DENIED_GROUPS)),
+            _rule(denied, comment="; ".join(reason for reason, _ in DENIED_GROUPS)),
             _rule(
                 ENOSYS_CALLS, errno_ret=errno.ENOSYS, comment="flags out of a filter's reach: libc falls back to clone"
             ),
             *(
-                _rule(FLAG_CHECKED, masked, flag, flag, comment=f"no new namespace: {name}")
+                _rule(checked, masked, flag, flag, comment=f"no new namespace: {name}")
                 for name, flag in NAMESPACE_FLAGS.items()
             ),
             _rule(["personality"], "SCMP_CMP_GT", _U32, comment="personality: only the values Docker allows"),
@@ -205,6 +214,9 @@ def oci_profile() -> dict[str, object]:
 
 PROFILE_JSON = json.dumps(oci_profile(), separators=(",", ":"))
 """The profile as compact JSON: what `seccomp=` carries to Docker, and the file Podman and nodes read."""
+TEMPLATE_PROFILE_JSON = json.dumps(oci_profile(TEMPLATE_PERMITS), separators=(",", ":"))
+"""The profile of a Docker/Podman zygote template container (SANDBOX_ZYGOTE): its kernel may unshare, mount and
+set a host name to make each call's sandbox, which then stacks the whole policy (the bubblewrap filter)."""
 
 
 def operator_choice(options: Sequence[str]) -> str | None:

@@ -364,7 +364,7 @@ class Zygotes(TaskOwner):
             }
             argv = [
                 "python3", "-c", runner_source("python_zygote.py"), runner_source("python_kernel.py"),
-                json.dumps(config),
+                runner_source("python_isolation.py"), json.dumps(config),
             ]  # fmt: skip
             env = {**run_env(language, spec), "LLM_SANDBOX_PRELOAD": "1"}
             # Children alive at once: as many running as calls may run, as many again waiting ahead, in the making.

@@ -30,6 +30,14 @@ CACHE_PREFIX = "llm-sandbox-mcp-libs-"
 NPROC = 4096
 # The kernel kills sandboxes before the server when memory runs out.
 OOM_SCORE_ADJ = 1000
+# A zygote template container (`SandboxSpec.forks`) starts lower, and each call's sandbox raises itself back to
+# OOM_SCORE_ADJ: a memory bomb kills the call, not the template that serves the next one.
+TEMPLATE_OOM_SCORE_ADJ = 500
+
+
+def oom_score_adj(forks: bool) -> int:
+    return TEMPLATE_OOM_SCORE_ADJ if forks else OOM_SCORE_ADJ
+
 
 Process = tuple[int, int, str]
 """pid, parent pid, command line, as an engine's `top` lists them."""

@@ -18,17 +18,19 @@ from typing import Any, cast
 
 import docker
 import docker.errors
+from docker.models import containers as _sdk_containers
 from docker.types import LogConfig, Mount, Ulimit
 
+from llm_sandbox_mcp import seccomp
 from llm_sandbox_mcp.backends import VANISHED_EXIT, ImageBuild, ImageInfo, _owner
 from llm_sandbox_mcp.backends._build import follow
 from llm_sandbox_mcp.backends._container import (
     CACHE_PREFIX,
     INIT,
     KILL_SIGNAL,
-    OOM_SCORE_ADJ,
     Process,
     kill_from_outside,
+    oom_score_adj,
     rlimits,
     top_processes,
 )
@@ -47,7 +49,7 @@ from llm_sandbox_mcp.models import (
     SandboxSpec,
     captures,
 )
-from llm_sandbox_mcp.seccomp import PROFILE_JSON, ours_applies
+from llm_sandbox_mcp.seccomp import ours_applies
 
 logger = logging.getLogger(__name__)
 
@@ -67,13 +69,13 @@ def container_options(spec: SandboxSpec, labels: Mapping[str, str]) -> dict[str,
         "network_mode": limits.network_mode,
         "read_only": limits.read_only,
         "cap_drop": list(limits.cap_drop),
-        "security_opt": security_options(limits),
+        "security_opt": security_options(limits, spec.forks),
         "privileged": limits.privileged,
         "mem_limit": limits.memory_bytes,
         "memswap_limit": limits.memory_bytes,
         "nano_cpus": int(limits.cpus * 1e9),
         "pids_limit": limits.pids,
-        "oom_score_adj": OOM_SCORE_ADJ,
+        "oom_score_adj": oom_score_adj(spec.forks),
         # The engine keeps no log of a sandbox: nothing in it can grow a file on the host that way.
         "log_config": LogConfig(type=LogConfig.types.NONE),
         # Not the operator's ~/.docker/config.json proxies: nothing of the host's reaches a sandbox.
@@ -101,8 +103,9 @@ def container_options(spec: SandboxSpec, labels: Mapping[str, str]) -> dict[str,
     return options
 
 
-def security_options(limits: Limits) -> list[str]:
-    """SANDBOX_SECURITY_OPT, plus the project's seccomp profile unless the operator chose one.
+def security_options(limits: Limits, forks: bool = False) -> list[str]:
+    """SANDBOX_SECURITY_OPT, plus the project's seccomp profile unless the operator chose one (its template
+    variant for a zygote template container, `forks`).
 
     Docker applies one profile: ours replaces its default, and restates that default's denials. The API takes
     the profile's content, so an operator's `seccomp=PATH` (the CLI's form) is read here.
@@ -115,7 +118,7 @@ def security_options(limits: Limits) -> list[str]:
                 option = f"seccomp={profile.read()}"
         options.append(option)
     if ours_applies(limits.security_opt, limits.privileged):
-        options.append(f"seccomp={PROFILE_JSON}")
+        options.append(f"seccomp={seccomp.TEMPLATE_PROFILE_JSON if forks else seccomp.PROFILE_JSON}")
     return options
 
 
@@ -170,17 +173,32 @@ class DockerEngine:
             self._prepare_cache(spec)
         options = container_options(spec, _owner.owner_labels())
         try:
-            container = client.containers.create(**options)
+            container_id: str = self._create(options, unmasked=spec.forks)
         except docker.errors.APIError as exc:
             raise SandboxFailure(f"Docker could not create a sandbox from {spec.image!r}: {exc.explanation}") from exc
-        container_id: str = container.id or ""
         track(container_id)
         try:
-            container.start()
+            client.api.start(container_id)
         except docker.errors.APIError as exc:
             self.remove(container_id)
             raise SandboxFailure(f"Docker could not start a sandbox from {spec.image!r}: {exc.explanation}") from exc
         return container_id
+
+    def _create(self, options: dict[str, Any], unmasked: bool) -> str:
+        """Create a container from `container_options`; `unmasked`: without the engine's masked and read-only
+        /proc and /sys paths (the CLI's `systempaths=unconfined`, which the SDK has no option for), so that a
+        zygote template's children can mount a /proc of their own; each child masks those paths again."""
+        client = self._docker()
+        if not unmasked:
+            return client.containers.create(**options).id or ""
+        # The SDK's own mapping of these options to the API's: private (and not in its type stubs), but the one
+        # `containers.create` uses.
+        make_arguments: Callable[[dict[str, Any]], dict[str, Any]] = getattr(  # noqa: B009
+            _sdk_containers, "_create_container_args"
+        )
+        arguments = make_arguments({**options, "version": client.api.api_version})
+        arguments["host_config"].update({"MaskedPaths": [], "ReadonlyPaths": []})
+        return str(client.api.create_container(**arguments)["Id"])
 
     def _prepare_cache(self, spec: SandboxSpec) -> None:
         """Create the cache volume owned by the sandbox user, so the installer needs no root."""

@@ -3,6 +3,10 @@
 #   server -> kernel  R {"mode": "fork"|"inline", "echo", "artifact_limit", "filename"} "\n" code (UTF-8)
 #   kernel -> server  H {"pid", "python"}   O stdout bytes   E stderr bytes
 #                     F {"name", "size", "inline"} "\n" data     D {"exit", "clean"?, "timed_out"?}
+# Started as `python3 -c <this file> <python_isolation.py source> <config JSON>`, it is the kernel of a Docker or
+# Podman zygote template container (serve_forks): it never runs user code itself, and each one-shot call runs
+# in a child that made a sandbox of its own first, whose "H" (one per call, before its request) says it is
+# ready and that every process of the call before it is gone.
 # "fork" runs the code in a forked child: a fresh process with the exit status, crashes and os._exit of a
 # real script; a one-shot run, so once the child has exited every other process of the sandbox user that did
 # not exist when the kernel started is killed before the output files are read ("clean": false in D when that
@@ -16,6 +20,8 @@ import ast
 import builtins
 import contextlib
 import fcntl
+import gc
+import io
 import json
 import linecache
 import os
@@ -107,6 +113,20 @@ def prepare():
         for name in ("numpy", "matplotlib.pyplot"):
             with contextlib.suppress(Exception):
                 __import__(name)
+
+
+def warm_matplotlib():
+    """Draw and render one figure, so fonts and the Agg renderer are loaded before any child is forked."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None:
+        return
+    try:
+        figure = pyplot.figure()
+        figure.gca().plot([0, 1])
+        figure.savefig(io.BytesIO(), format="png")
+    except Exception:
+        pass
+    pyplot.close("all")
 
 
 MAX_FILES = 200
@@ -319,15 +339,22 @@ def run_forked(request, program=None):
     fds = [out_r, err_r]
     kinds = {out_r: b"O", err_r: b"E"}
     open_fds = list(fds)
+    # Readable once the program has exited (Linux 5.3, Python 3.9): its end is seen at once, also when it
+    # closed its output long before (or the pipes closed a moment before it was a zombie).
+    exited = []
+    with contextlib.suppress(AttributeError, OSError):
+        exited.append(os.pidfd_open(pid))
     wait_status = None
     timed_out = False
     while wait_status is None:
-        if open_fds:
-            ready, _, _ = select.select(open_fds, [], [], 0.05)
+        if open_fds or exited:
+            ready, _, _ = select.select(open_fds + exited, [], [], 0.05)
         else:
             ready = []
-            time.sleep(0.05)
+            time.sleep(0.005)
         for fd in ready:
+            if fd in exited:
+                continue
             data = os.read(fd, 65536)
             if data:
                 send(kinds[fd], data)
@@ -342,6 +369,8 @@ def run_forked(request, program=None):
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
             wait_status = os.waitpid(pid, 0)[1]
+    for fd in exited:
+        os.close(fd)
     # Background processes may keep the pipes open: take what is there and stop.
     drain(open_fds)
     clean = kill_the_rest()
@@ -454,11 +483,103 @@ def not_dumpable():
         pass
 
 
+# How a template container's call child ends: the server closed the stream, or the sandbox could not be made
+# (or the child got something else than one fork-mode request); either way the template stops with it.
+CLOSED, REFUSED = 3, 4
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def hello():
+    send(b"H", json.dumps({"pid": os.getpid(), "python": sys.version.split()[0]}).encode())
+
+
+def refuse(what, exc):
+    """Before its hello, a call child that cannot make its sandbox says why (an X frame) and ends."""
+    with contextlib.suppress(Exception):
+        send(b"X", json.dumps({"error": f"{what}: {exc}"[:1000]}).encode())
+    os._exit(REFUSED)
+
+
+def call_sandbox(isolation, config):
+    """A call's child: a sandbox of its own (new namespaces, mounts, masks, no privilege, the strict filter),
+    whose PID 1 runs one fork-mode request as run_forked does. Never returns."""
+    isolation.raise_oom_score()
+    isolation.keep_only([PROTO.fileno(), STDIN.fileno()])
+    try:
+        isolation.set_rlimits(config)
+        isolation.new_namespaces()
+    except Exception as exc:
+        refuse("the call's namespaces", exc)
+    init = os.fork()
+    if init != 0:
+        _, status = os.waitpid(init, 0)
+        os._exit(status_of(status))
+    try:
+        isolation.fresh_mounts(config)
+        os.chdir("/workspace")
+        not_dumpable()
+        # What predates the call is what this PID namespace has now (itself), not the template's processes.
+        BEFORE.clear()
+        del INIT_SESSION[:]
+        note_existing()
+        write_files()
+        isolation.lock_down(config)
+    except Exception as exc:
+        refuse("the call's sandbox", exc)
+    hello()
+    program = fork_program()
+    try:
+        kind, payload = receive()
+    except EOFError:
+        os._exit(CLOSED)
+    header, _, code = payload.partition(b"\n")
+    request = json.loads(header.decode("utf-8")) if kind == b"R" else {}
+    if request.get("mode") != "fork":
+        os._exit(REFUSED)
+    request["code"] = code.decode("utf-8", errors="replace")
+    run_forked(request, program)
+    os._exit(0)
+
+
+def serve_forks(isolation, config):
+    """The template container's loop: one call child at a time, the next one forked only once every process
+    of the last is gone (this kernel is their subreaper: an orphan comes back here and is waited for too)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    warm_matplotlib()
+    # What is loaded now is never collected: a child's collector then does not walk (and copy) every page of it.
+    gc.collect()
+    gc.freeze()
+    while True:
+        child = os.fork()
+        if child == 0:
+            try:
+                call_sandbox(isolation, config)
+            finally:
+                os._exit(REFUSED)
+        status = None
+        while True:
+            try:
+                pid, wait_status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+            if pid == child:
+                status = wait_status
+        if status is None or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
+            return
+
+
 def main():
     not_dumpable()
     note_existing()
     prepare()
-    send(b"H", json.dumps({"pid": os.getpid(), "python": sys.version.split()[0]}).encode())
+    hello()
+    if len(sys.argv) > 2:
+        isolation = types.ModuleType("llm_sandbox_isolation")
+        exec(compile(sys.argv[1], "<string>", "exec"), isolation.__dict__)
+        serve_forks(isolation, json.loads(sys.argv[2]))
+        return
     capture = None
     while True:
         try:

@@ -1,5 +1,6 @@
-"""The hostile tier's attacks on one-shot Python calls, against zygote children (SANDBOX_ZYGOTE) on bubblewrap:
-a child must hold as a pooled sandbox does, and leave the host as unharmed (`host_unharmed`)."""
+"""The hostile tier's attacks on one-shot Python calls, against zygote children (SANDBOX_ZYGOTE): on bubblewrap
+children of a template, on Docker and Podman children of template containers that serve the calls that
+follow. A child must hold as a pooled sandbox does, and leave the host as unharmed (`host_unharmed`)."""
 
 from __future__ import annotations
 
@@ -9,22 +10,32 @@ import pytest
 
 from llm_sandbox_mcp.executor import Executor
 from tests.engines.test_zygote import zygote_executor
+from tests.engines.test_zygote_containers import container_executor
 from tests.hostile import test_bombs_and_escapes as bombs
 from tests.hostile import test_boundary as boundary
 from tests.hostile import test_secrets_and_snooping as snooping
 
-pytestmark = [pytest.mark.anyio, pytest.mark.bubblewrap]
+pytestmark = [pytest.mark.anyio]
+
+
+@pytest.fixture(
+    params=[pytest.param(name, marks=getattr(pytest.mark, name)) for name in ("bubblewrap", "docker", "podman")]
+)
+def engine(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
 
 
 @pytest.fixture
-def engine() -> str:
-    return "bubblewrap"
-
-
-@pytest.fixture
-async def executor(request: pytest.FixtureRequest) -> AsyncIterator[Executor]:
-    async with zygote_executor(request, ahead=2) as executor:
+async def executor(request: pytest.FixtureRequest, engine: str) -> AsyncIterator[Executor]:
+    if engine == "bubblewrap":
+        async with zygote_executor(request, ahead=2) as executor:
+            yield executor
+        return
+    async with container_executor(request, engine, pool_size=1) as executor:
         yield executor
+        # Every call of the test ran in a template container's child: none fell back to the pool.
+        assert executor.forks.served > 0 and not executor.forks.unavailable
 
 
 test_a_disk_bomb_stops_at_the_workspace_and_tmp_sizes = bombs.test_a_disk_bomb_stops_at_the_workspace_and_tmp_sizes

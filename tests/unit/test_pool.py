@@ -67,3 +67,37 @@ async def test_a_pool_grows_only_while_the_memory_budget_allows() -> None:
             await pool.acquire("python")
         await wait_all_tasks_blocked()
         assert pool.sizes()["python"][0] == 1
+
+
+async def test_a_lent_item_is_not_replaced_and_comes_back_only_when_ready_again() -> None:
+    maker = Maker()
+    async with Pool(maker.make, maker.dispose, size=1) as pool:
+        pool.warm("python")
+        await wait_all_tasks_blocked()
+        first = await pool.acquire("python", lend=True)
+        await wait_all_tasks_blocked()
+        assert maker.made == [0] and pool.sizes()["python"] == (0, 0, 1)  # no replacement while it is out
+        back = anyio.Event()
+
+        async def ready(item: int) -> bool:
+            await back.wait()
+            return True
+
+        await pool.recycle("python", first, ready)
+        async with anyio.create_task_group() as tasks:
+
+            async def waiter() -> None:
+                # A call that finds the pool empty waits for the item on its way back rather than making one.
+                assert await pool.acquire("python", lend=True) == first
+                await pool.recycle("python", first, refused)
+
+            async def refused(item: int) -> bool:
+                return False
+
+            tasks.start_soon(waiter)
+            await wait_all_tasks_blocked()
+            assert maker.made == [0]
+            back.set()
+        await wait_all_tasks_blocked()
+        # Not ready again: disposed of, and a fresh one made in its place.
+        assert maker.disposed == [first] and maker.made == [0, 1] and pool.sizes()["python"] == (1, 0, 1)

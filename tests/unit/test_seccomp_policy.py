@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from llm_sandbox_mcp import seccomp
+from llm_sandbox_mcp.backends._bubblewrap.seccomp import FILTER, TEMPLATE_FILTER
 from llm_sandbox_mcp.backends._docker import security_options
 from llm_sandbox_mcp.backends._kubernetes.pod import PodOptions, pod_manifest
 from llm_sandbox_mcp.backends._podman.libpod import container_spec
@@ -36,12 +37,12 @@ ALLOW = -1
 U64 = (1 << 64) - 1
 
 
-def json_decision(name: str, arg0: int) -> int:
+def json_decision(name: str, arg0: int, profile_json: str = PROFILE_JSON) -> int:
     """What a runtime would do with the JSON profile for one call: an errno, or ALLOW (the default action).
 
     Rules are ORed; a rule's comparisons are ANDed (the profile never has two on one argument).
     """
-    profile: Mapping[str, Any] = json.loads(PROFILE_JSON)
+    profile: Mapping[str, Any] = json.loads(profile_json)
     for rule in profile["syscalls"]:
         if name not in rule["names"]:
             continue
@@ -62,8 +63,8 @@ def _holds(condition: Mapping[str, Any], arg0: int) -> bool:
     raise AssertionError(f"unexpected comparison {op}")
 
 
-def bpf_decision(arch: int, name: str, arg0: int) -> int:
-    verdict = run_filter(arch, SYSCALLS[arch][name], arg0)
+def bpf_decision(arch: int, name: str, arg0: int, bpf: bytes = FILTER) -> int:
+    verdict = run_filter(arch, SYSCALLS[arch][name], arg0, bpf=bpf)
     if verdict == SECCOMP_RET_ALLOW:
         return ALLOW
     assert verdict & 0xFFFF0000 == SECCOMP_RET_ERRNO
@@ -83,6 +84,18 @@ def test_the_json_profile_and_the_bubblewrap_filter_decide_alike(arch: int) -> N
     for name in SYSCALLS[arch]:
         for arg0 in ARGS:
             assert json_decision(name, arg0) == bpf_decision(arch, name, arg0), (name, hex(arg0))
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_a_template_containers_profile_lets_through_what_a_bubblewrap_template_may_and_no_more(arch: int) -> None:
+    template = seccomp.TEMPLATE_PROFILE_JSON
+    for name in SYSCALLS[arch]:
+        for arg0 in ARGS:
+            expected = bpf_decision(arch, name, arg0, TEMPLATE_FILTER)
+            assert json_decision(name, arg0, template) == expected, (name, hex(arg0))
+    assert json_decision("unshare", NAMESPACE_FLAGS["CLONE_NEWUSER"], template) == ALLOW
+    assert json_decision("clone", NAMESPACE_FLAGS["CLONE_NEWUSER"] | 17, template) == errno.EPERM
+    assert json_decision("setns", 0, template) == json_decision("pivot_root", 0, template) == errno.EPERM
 
 
 def test_the_profile_denies_every_listed_call_and_answers_clone3_with_enosys() -> None:

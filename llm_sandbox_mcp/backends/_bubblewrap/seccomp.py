@@ -21,6 +21,7 @@ from llm_sandbox_mcp.seccomp import (
     PERSONALITY_ALLOWED,
     SOCKET_FAMILIES_DENIED,
     SYSCALLS,
+    TEMPLATE_PERMITS,
 )
 
 __all__ = [
@@ -153,7 +154,4 @@ def build_filter(permit: frozenset[str] = frozenset()) -> bytes:
 
 
 FILTER = build_filter()
-# What a zygote template needs to make each child's sandbox: new namespaces (unshare only, not clone), the
-# child's tmpfs and /proc mounts, and its host name.
-TEMPLATE_PERMITS = frozenset({"unshare", "mount", "sethostname"})
 TEMPLATE_FILTER = build_filter(TEMPLATE_PERMITS)

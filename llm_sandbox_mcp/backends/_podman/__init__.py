@@ -26,6 +26,7 @@ from typing import Any, cast
 from podman import PodmanClient
 from podman.errors.exceptions import APIError, ImageNotFound, NotFound
 
+from llm_sandbox_mcp import seccomp
 from llm_sandbox_mcp.backends import VANISHED_EXIT, ImageBuild, ImageInfo, _owner
 from llm_sandbox_mcp.backends._build import follow
 from llm_sandbox_mcp.backends._container import (
@@ -50,12 +51,12 @@ from llm_sandbox_mcp.models import (
     SandboxSpec,
     captures,
 )
-from llm_sandbox_mcp.seccomp import PROFILE_JSON
 
 logger = logging.getLogger(__name__)
 
 _JSON = {"Content-Type": "application/json"}
 _PROFILE_NAME = "llm-sandbox-mcp-seccomp.json"
+_TEMPLATE_PROFILE_NAME = "llm-sandbox-mcp-template-seccomp.json"
 _PROFILE_HINT = (
     "the Podman service reads seccomp profiles from its own filesystem and cannot see the one this server wrote "
     "(a remote or containerised service?). Install it on the Podman host (`llm-sandbox-mcp seccomp-profile > "
@@ -90,15 +91,18 @@ class PodmanEngine:
         self._images: set[str] = set()
         self._profile_dir: str | None = None
 
-    def _seccomp_profile(self) -> str:
-        """The project's seccomp profile as a file only this server can write (libpod takes a path on its host)."""
+    def _seccomp_profile(self, forks: bool) -> str:
+        """The project's seccomp profile (its zygote template variant for `forks`) as a file only this server can
+        write (libpod takes a path on its host)."""
         with self._connect_lock:
             if self._profile_dir is None:
                 directory = tempfile.mkdtemp(prefix="llm-sandbox-mcp-")
-                with open(os.path.join(directory, _PROFILE_NAME), "x", encoding="utf-8") as profile:
-                    profile.write(PROFILE_JSON)
+                for name, content in ((_PROFILE_NAME, seccomp.PROFILE_JSON),
+                                      (_TEMPLATE_PROFILE_NAME, seccomp.TEMPLATE_PROFILE_JSON)):  # fmt: skip
+                    with open(os.path.join(directory, name), "x", encoding="utf-8") as profile:
+                        profile.write(content)
                 self._profile_dir = directory
-            return os.path.join(self._profile_dir, _PROFILE_NAME)
+            return os.path.join(self._profile_dir, _TEMPLATE_PROFILE_NAME if forks else _PROFILE_NAME)
 
     def _podman(self) -> PodmanClient:
         with self._connect_lock:
@@ -109,7 +113,7 @@ class PodmanEngine:
     def create(self, spec: SandboxSpec, track: Callable[[str], None]) -> str:
         api = self._podman().api
         try:
-            body = container_spec(spec, _owner.owner_labels(), self._seccomp_profile())
+            body = container_spec(spec, _owner.owner_labels(), self._seccomp_profile(spec.forks))
         except ValueError as exc:
             raise SandboxFailure(str(exc)) from exc
         with _failing(f"create a sandbox from {spec.image!r}", seccomp_hint=True):

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
-from llm_sandbox_mcp.backends._container import CACHE_PREFIX, INIT, OOM_SCORE_ADJ, rlimits
+from llm_sandbox_mcp.backends._container import CACHE_PREFIX, INIT, oom_score_adj, rlimits
 from llm_sandbox_mcp.models import EGRESS_DIR, WORKDIR, SandboxSpec
 from llm_sandbox_mcp.seccomp import ours_applies
 
@@ -66,7 +66,8 @@ def container_spec(spec: SandboxSpec, labels: Mapping[str, str], seccomp_path: s
     """The SpecGenerator of a hardened, idle sandbox: the same limits and hardening as the Docker backend.
 
     `seccomp_path`: the project's seccomp profile as a file on the Podman host (libpod takes a path, not the
-    content); given unless SANDBOX_SECURITY_OPT names a profile or the sandbox is privileged.
+    content; its template variant for `spec.forks`); given unless SANDBOX_SECURITY_OPT names a profile or the
+    sandbox is privileged.
     """
     limits = spec.limits
     body: dict[str, Any] = {
@@ -77,7 +78,7 @@ def container_spec(spec: SandboxSpec, labels: Mapping[str, str], seccomp_path: s
         "work_dir": str(WORKDIR),
         "env": {"HOME": "/tmp"},
         "httpproxy": False,  # Podman would copy the service's proxy variables into the sandbox
-        "oom_score_adj": OOM_SCORE_ADJ,
+        "oom_score_adj": oom_score_adj(spec.forks),
         # The engine keeps no log of a sandbox: nothing in it can grow a file on the host that way.
         "log_configuration": {"driver": "none"},
         "hostname": "sandbox",
@@ -105,6 +106,10 @@ def container_spec(spec: SandboxSpec, labels: Mapping[str, str], seccomp_path: s
     }
     if seccomp_path is not None and ours_applies(limits.security_opt, limits.privileged):
         body["seccomp_profile_path"] = seccomp_path
+    if spec.forks:
+        # A zygote template: its children mount a /proc of their own, which the kernel refuses under masked
+        # /proc paths; each child masks them again in its own mount namespace.
+        body["unmask"] = [*body.get("unmask", []), "ALL"]
     if spec.cache is not None:
         options = ["nosuid", "nodev"] + ([] if spec.cache.writable else ["ro"])
         body["volumes"] = [{"Name": CACHE_PREFIX + spec.cache.key, "Dest": str(spec.cache.target), "Options": options}]
