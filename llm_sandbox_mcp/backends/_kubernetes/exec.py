@@ -32,6 +32,10 @@ Frame = tuple[int, bytes]
 _CHUNK = 256 * 1024
 _DRAIN_SECONDS = 3.0
 _STDERR_TAIL = 64 * 1024
+# How long one blocking read or write of the stream may wait once begun (a frame half sent, a peer that does not
+# read): past it the stream is taken as broken. Without it a reader stuck mid-frame holds its worker thread,
+# and whatever waits for that thread, for good.
+FRAME_SECONDS = 30.0
 # Run as `sh -c WRAPPER sh NOFILE WORKDIR [COUNT] NAME=VALUE... ARGV...`: every value is a positional
 # parameter, never spliced into the script, so nothing of the caller's is interpreted by the shell.
 _PRELUDE = 'ulimit -n "$1" 2>/dev/null; ulimit -c 0 2>/dev/null; cd -- "$2" || exit 126; '
@@ -93,6 +97,9 @@ class ExecStream:
         self._ws = ws
         self.protocol = protocol
         self._ended = False
+        # One reader at a time: two that both saw the socket readable would leave one blocked mid-frame.
+        self._reading = threading.Lock()
+        ws.settimeout(FRAME_SECONDS)
 
     @property
     def closes_stdin(self) -> bool:
@@ -111,6 +118,14 @@ class ExecStream:
     def read(self, timeout: float) -> Frame | None:
         """The next data frame as (channel, payload), (END, b"") once the stream is over, None at the timeout."""
         deadline = time.monotonic() + timeout
+        if not self._reading.acquire(timeout=max(0.0, timeout)):
+            return None
+        try:
+            return self._read(deadline)
+        finally:
+            self._reading.release()
+
+    def _read(self, deadline: float) -> Frame | None:
         while not self._ended:
             if not self._readable(max(0.0, deadline - time.monotonic())):
                 return None
