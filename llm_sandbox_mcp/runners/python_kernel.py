@@ -489,6 +489,14 @@ CLOSED, REFUSED = 3, 4
 PR_SET_CHILD_SUBREAPER = 36
 
 
+def parse_request(payload):
+    """An R frame's request: its JSON header line, and the code after it."""
+    header, _, code = payload.partition(b"\n")
+    request = json.loads(header.decode("utf-8"))
+    request["code"] = code.decode("utf-8", errors="replace")
+    return request
+
+
 def hello():
     send(b"H", json.dumps({"pid": os.getpid(), "python": sys.version.split()[0]}).encode())
 
@@ -532,11 +540,9 @@ def call_sandbox(isolation, config):
         kind, payload = receive()
     except EOFError:
         os._exit(CLOSED)
-    header, _, code = payload.partition(b"\n")
-    request = json.loads(header.decode("utf-8")) if kind == b"R" else {}
+    request = parse_request(payload) if kind == b"R" else {}
     if request.get("mode") != "fork":
         os._exit(REFUSED)
-    request["code"] = code.decode("utf-8", errors="replace")
     run_forked(request, program)
     os._exit(0)
 
@@ -588,9 +594,7 @@ def main():
             return
         if kind != b"R":
             continue
-        header, _, code = payload.partition(b"\n")
-        request = json.loads(header.decode("utf-8"))
-        request["code"] = code.decode("utf-8", errors="replace")
+        request = parse_request(payload)
         if request.get("mode") == "fork":
             run_forked(request)
             continue

@@ -69,7 +69,7 @@ def child(fd):
         # Before the hello, the server takes whatever arrives for the reason this host cannot make children.
         os.write(SOCKET_FD, f"zygote child setup failed: {exc}".encode()[:1000])
         os._exit(1)
-    kernel.send(b"H", json.dumps({"pid": os.getpid(), "python": sys.version.split()[0]}).encode())
+    kernel.hello()
     try:
         placed, _ = kernel.receive()
         # In its cgroup now: the program's process is forked ahead, in there, and waits for the request.
@@ -79,10 +79,7 @@ def child(fd):
         os._exit(0)
     if kind != b"R":
         os._exit(1)
-    header, _, code = payload.partition(b"\n")
-    request = json.loads(header.decode("utf-8"))
-    request["code"] = code.decode("utf-8", errors="replace")
-    kernel.run_forked(request, program)
+    kernel.run_forked(kernel.parse_request(payload), program)
     os._exit(0)
 
 
@@ -96,7 +93,7 @@ def main():
     # What is loaded now is never collected: a child's collector then does not walk (and copy) every page of it.
     gc.collect()
     gc.freeze()
-    kernel.send(b"H", json.dumps({"pid": os.getpid(), "python": sys.version.split()[0]}).encode())
+    kernel.hello()
     while True:
         try:
             message, fds, _, _ = socket.recv_fds(control, 16, 4)
