@@ -26,7 +26,7 @@ from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure
 from llm_sandbox_mcp.forking import READY_SECONDS, Forks, ForksUnavailable
 from llm_sandbox_mcp.hints import missing_library_hint
 from llm_sandbox_mcp.images.build import ProjectImages
-from llm_sandbox_mcp.kernel import Kernel, KernelDied, SandboxRefused
+from llm_sandbox_mcp.kernel import Kernel, KernelDied, SandboxRefused, drop_uncollected_files
 from llm_sandbox_mcp.languages import COMPILE_FAILED_MARKER, Language, get_language
 from llm_sandbox_mcp.libraries import LibraryCache
 from llm_sandbox_mcp.models import (
@@ -324,9 +324,7 @@ class Executor:
             if plan is not None:
                 self._keep_build(plan, kernel, result)
             if kernel.collect_outside and cell is None and lease.ref.spec.forks:
-                # The call's files lived in its own tmpfs, gone with its namespaces once it was killed.
-                result.artifacts = []
-                result.stderr += b"\n[the run was stopped before its output files could be read]\n"
+                drop_uncollected_files(result)
             elif kernel.collect_outside and cell is None:
                 # The runner could not collect with nothing of the program left running; the kernel has killed
                 # everything from outside since, so the files are read from outside.

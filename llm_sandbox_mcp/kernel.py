@@ -53,6 +53,13 @@ def encode_frame(kind: bytes, payload: bytes = b"") -> bytes:
     return _HEADER.pack(kind, len(payload)) + payload
 
 
+def drop_uncollected_files(result: ExecResult) -> None:
+    """A one-shot run killed from outside in a sandbox of its own (a zygote child): its files lived in that
+    sandbox's tmpfs, gone with it, so none come back and its stderr says so."""
+    result.artifacts = []
+    result.stderr += b"\n[the run was stopped before its output files could be read]\n"
+
+
 class KernelDied(SandboxFailure):
     """The kernel process ended or broke the protocol."""
 

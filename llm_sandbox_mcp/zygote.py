@@ -37,7 +37,7 @@ from llm_sandbox_mcp.budget import MemoryBudget
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.egress.relay import run_env
 from llm_sandbox_mcp.errors import SandboxError, SandboxFailure
-from llm_sandbox_mcp.kernel import Kernel, encode_frame
+from llm_sandbox_mcp.kernel import Kernel, drop_uncollected_files, encode_frame
 from llm_sandbox_mcp.languages import Language, runner_source
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, Live, SandboxRef, SandboxSpec
 from llm_sandbox_mcp.pool import IDLE_SECONDS
@@ -300,9 +300,7 @@ class Zygotes(TaskOwner):
                 with anyio.CancelScope(shield=True):
                     await self._close(child)
         if child.kernel.collect_outside:
-            # The child's files lived in its own tmpfs, gone with it once it was killed.
-            result.artifacts = []
-            result.stderr += b"\n[the run was stopped before its output files could be read]\n"
+            drop_uncollected_files(result)
         return result
 
     async def _take(self, template: Template) -> Child | None:
