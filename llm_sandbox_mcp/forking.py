@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from dataclasses import replace
 
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxFailure
 from llm_sandbox_mcp.languages import Language
 from llm_sandbox_mcp.models import Execution, Limits, SandboxSpec
+from llm_sandbox_mcp.zygote import isolation_config
 
 logger = logging.getLogger(__name__)
 
@@ -83,21 +83,13 @@ class Forks:
 
     def config(self, limits: Limits) -> str:
         """The template kernel's config (runners/python_isolation.py)."""
-        from llm_sandbox_mcp.backends._bubblewrap.seccomp import FILTER
-
-        return json.dumps(
-            {
-                "workspace": limits.workspace_bytes,
-                "tmp": limits.tmp_bytes,
-                "seccomp": FILTER.hex(),
-                "rlimits": {"NOFILE": limits.nofile, "CORE": 0},
-                # Children wait for their call with this already set: the longest timeout allowed bounds CPU time
-                # (the call's own timeout is enforced from outside).
-                "cpu": math.ceil(self._settings.sandbox_max_timeout) + 1,
-                "mask": list(MASKED),
-                "read_only": list(READ_ONLY),
-            }
-        )
+        rlimits = {"NOFILE": limits.nofile, "CORE": 0}
+        config = {
+            **isolation_config(self._settings, limits, rlimits),
+            "mask": list(MASKED),
+            "read_only": list(READ_ONLY),
+        }
+        return json.dumps(config)
 
     def reusable(self, spec: SandboxSpec, execution: Execution, calls: int, kernel_alive: bool) -> bool:
         """Whether a template container may serve another call after this one: only after a clean one."""

@@ -39,7 +39,7 @@ from llm_sandbox_mcp.egress.relay import run_env
 from llm_sandbox_mcp.errors import SandboxError, SandboxFailure
 from llm_sandbox_mcp.kernel import Kernel, drop_uncollected_files, encode_frame
 from llm_sandbox_mcp.languages import Language, runner_source
-from llm_sandbox_mcp.models import WORKDIR, ExecResult, Live, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.models import WORKDIR, ExecResult, Limits, Live, SandboxRef, SandboxSpec
 from llm_sandbox_mcp.pool import IDLE_SECONDS
 
 logger = logging.getLogger(__name__)
@@ -48,6 +48,21 @@ _HELLO_SECONDS = 10.0
 _MAX_TEMPLATES = 4
 _CREDENTIALS = struct.Struct("iII")  # struct ucred: pid, uid, gid
 _MAX_HELLO = 4096
+
+
+def isolation_config(settings: Settings, limits: Limits, rlimits: Mapping[str, int]) -> dict[str, object]:
+    """What runners/python_isolation.py gives each child sandbox: tmpfs sizes, the strict seccomp filter, these
+    rlimits, and a CPU limit. Children wait for their call with it already set, so it is the longest timeout
+    allowed; the call's own timeout is kept by its kernel, and from outside."""
+    from llm_sandbox_mcp.backends._bubblewrap.seccomp import FILTER
+
+    return {
+        "workspace": limits.workspace_bytes,
+        "tmp": limits.tmp_bytes,
+        "seccomp": FILTER.hex(),
+        "rlimits": dict(rlimits),
+        "cpu": math.ceil(settings.sandbox_max_timeout) + 1,
+    }
 
 
 class ChildCgroup(Protocol):
@@ -334,8 +349,6 @@ class Zygotes(TaskOwner):
             return template
 
     async def _start(self, language: Language, spec: SandboxSpec) -> Template:
-        from llm_sandbox_mcp.backends._bubblewrap.seccomp import FILTER
-
         assert self._host is not None
         charge = spec.limits.memory_bytes
         self._budget.reserve(charge, "a Python template")
@@ -344,22 +357,14 @@ class Zygotes(TaskOwner):
         try:
             ref = await self._backend.create(spec)
             limits = spec.limits
-            config = {
-                "control": theirs.fileno(),
-                "workspace": limits.workspace_bytes,
-                "tmp": limits.tmp_bytes,
-                "seccomp": FILTER.hex(),
-                # The per-exec rlimits of the backend (`_confine`), which each child sets itself. Children are
-                # forked ahead of their call, so CPU time is bounded by the longest timeout allowed (the call's
-                # own timeout is enforced from outside, by killing its cgroup).
-                "rlimits": {
-                    "NOFILE": limits.nofile,
-                    "FSIZE": max(limits.workspace_bytes, limits.tmp_bytes),
-                    "CORE": 0,
-                    "NPROC": limits.pids,
-                },
-                "cpu": math.ceil(self._settings.sandbox_max_timeout) + 1,
+            # The per-exec rlimits of the backend (`_confine`), which each child sets itself.
+            rlimits = {
+                "NOFILE": limits.nofile,
+                "FSIZE": max(limits.workspace_bytes, limits.tmp_bytes),
+                "CORE": 0,
+                "NPROC": limits.pids,
             }
+            config = {"control": theirs.fileno(), **isolation_config(self._settings, limits, rlimits)}
             argv = [
                 "python3", "-c", runner_source("python_zygote.py"), runner_source("python_kernel.py"),
                 runner_source("python_isolation.py"), json.dumps(config),
