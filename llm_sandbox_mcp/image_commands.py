@@ -61,7 +61,7 @@ async def _builder(settings: Settings) -> tuple[Backend, ImageBuilder]:
         await backend.aclose()
         raise SandboxError(
             f"The {backend.name} backend builds no images. Build them with BACKEND=docker or BACKEND=podman (for "
-            "a cluster: then push them and point SANDBOX_IMAGE_* at the pushed names; see the README)."
+            "a cluster: then push them and point SANDBOX_IMAGE_* at the pushed names; see docs/languages.md)."
         )
     return backend, backend
 

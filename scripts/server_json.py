@@ -4,9 +4,9 @@
     python scripts/server_json.py --check   # exit 1 when server.json is out of date
 
 Description and version come from pyproject.toml and llm_sandbox_mcp/__init__.py; every environment variable
-comes from Settings (its format, and its choices when it has a fixed set) and from the README configuration
-table (its meaning and its default as people write it, `512m` rather than bytes). tests/unit/test_server_json.py
-fails when server.json is stale or breaks the registry's rules.
+comes from Settings (its format, and its choices when it has a fixed set) and from the table in
+docs/configuration.md (its meaning and its default as people write it, `512m` rather than bytes).
+tests/unit/test_server_json.py fails when server.json is stale or breaks the registry's rules.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from llm_sandbox_mcp.metadata import TITLE  # noqa: E402
 SCHEMA = "https://static.modelcontextprotocol.io/schemas/2025-12-11/server.schema.json"
 NAME = "io.github.llm-sandbox-mcp/llm-sandbox-mcp"
 PACKAGE = "llm-sandbox-mcp"
-ALIASES = {"SANDBOX_MEMORY": "sandbox_mem_limit"}  # synonyms documented in their own README row
+CONFIGURATION = ROOT / "docs" / "configuration.md"
+ALIASES = {"SANDBOX_MEMORY": "sandbox_mem_limit"}  # synonyms documented in their own row
 _ROW = re.compile(r"^\| `([A-Z0-9_]+)` \| (.*?) \| (.*) \|$", flags=re.MULTILINE)
 
 
@@ -86,7 +87,7 @@ def build() -> dict[str, Any]:
                 "version": __version__,
                 "runtimeHint": "uvx",
                 "transport": {"type": "stdio"},
-                "environmentVariables": environment_variables((ROOT / "README.md").read_text(encoding="utf-8")),
+                "environmentVariables": environment_variables(CONFIGURATION.read_text(encoding="utf-8")),
             }
         ],
     }

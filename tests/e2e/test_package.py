@@ -64,7 +64,7 @@ def test_the_sdist_can_rebuild_and_retest_the_package(dist: Path) -> None:
     with tarfile.open(next(dist.glob("*.tar.gz"))) as sdist:
         names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
     expected = {"pyproject.toml", "server.json", "README.md", "CHANGELOG.md", "CONTRIBUTING.md", "LICENSE"}
-    assert expected | {"scripts/server_json.py", "tests/unit/test_server_json.py"} <= names
+    assert expected | {"scripts/server_json.py", "tests/unit/test_server_json.py", "docs/configuration.md"} <= names
 
 
 def test_the_installed_command_reports_its_version() -> None:

@@ -75,7 +75,7 @@ def engine_settings(name: str, **overrides: Any) -> Settings:
     if name == "kubernetes":
         base["kubeconfig"] = kube.kubeconfig()
         base["sandbox_k8s_seccomp_profile"] = kube.SECCOMP_PROFILE
-        # A cluster builds no images: as the README's recipe says, it runs project images built and pushed
+        # A cluster builds no images: as the recipe in docs/languages.md says, it runs project images built and pushed
         # elsewhere, here those built on the Docker engine the test double runs its pods in.
         base.update({f"sandbox_image_{lang}": images.recipe(Settings(), lang).tag for lang in LANGUAGES})
     return Settings(**{**base, **overrides})

@@ -3,7 +3,7 @@
 Started on first use, so runs that select no Kubernetes test start nothing; `stop()` (a session fixture in
 conftest.py) removes every container and volume it made. Its node behaves like a kubelet a platform team
 configured for sandboxes: `--pod-max-pids` at the sandbox pids limit (Kubernetes has no per-pod pids field), and
-llm-sandbox-mcp's seccomp profile installed in its seccomp directory as `SECCOMP_PROFILE` (the README's recipe).
+llm-sandbox-mcp's seccomp profile in its seccomp directory as `SECCOMP_PROFILE` (the recipe in docs/engines.md).
 """
 
 from __future__ import annotations

@@ -287,7 +287,7 @@ async def test_without_the_network_policy_sandboxes_meant_to_have_no_network_are
     _forbid_network_policies(backend, monkeypatch)
     with pytest.raises(SandboxFailure, match="SANDBOX_K8S_ALLOW_NO_NETWORK_POLICY=true") as refused:
         await backend.create(spec(namespace))
-    assert "Role in the README" in str(refused.value)
+    assert "Role in docs/engines.md" in str(refused.value)
     assert read(core.list_namespaced_pod, namespace)["items"] == []
     # A sandbox given network on purpose (an installer given SANDBOX_INSTALL_NETWORK_MODE) does not depend on it.
     installer = await backend.create(spec(namespace, sandbox_network_mode="bridge"))
@@ -305,7 +305,7 @@ async def test_an_operator_who_accepts_the_clusters_network_is_warned_once_and_s
             first = await backend.create(spec(namespace))
             await backend.create(spec(namespace))
         warnings = [r.getMessage() for r in caplog.records if "NetworkPolicy" in r.getMessage()]
-        assert len(warnings) == 1 and "default network" in warnings[0] and "Role in the README" in warnings[0]
+        assert len(warnings) == 1 and "default network" in warnings[0] and "Role in docs/engines.md" in warnings[0]
         assert (await backend.exec(first, ["true"], timeout=30)).exit_code == 0
     finally:
         await backend.aclose()

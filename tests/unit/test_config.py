@@ -13,7 +13,8 @@ from llm_sandbox_mcp.errors import ConfigError
 from llm_sandbox_mcp.languages import LANGUAGES
 from llm_sandbox_mcp.models import Limits
 
-README = Path(__file__).parents[2] / "README.md"
+ROOT = Path(__file__).parents[2]
+CONFIGURATION = ROOT / "docs" / "configuration.md"
 
 
 def test_defaults_are_the_hardened_ones() -> None:
@@ -113,18 +114,18 @@ def test_sizes_in_docker_and_kubernetes_notation(text: str, expected: int) -> No
     assert parse_size(text) == expected
 
 
-def test_readme_documents_every_variable() -> None:
-    documented = set(re.findall(r"^\| `([A-Z0-9_]+)`", README.read_text(), flags=re.MULTILINE))
+def test_the_configuration_page_documents_every_variable() -> None:
+    documented = set(re.findall(r"^\| `([A-Z0-9_]+)`", CONFIGURATION.read_text(), flags=re.MULTILINE))
     declared = {env_name(name) for name in Settings.model_fields} | {"SANDBOX_MEMORY"}
     assert documented == declared
 
 
-def test_server_json_declares_every_variable_with_the_readme_default() -> None:
-    manifest = json.loads((README.parent / "server.json").read_text())
+def test_server_json_declares_every_variable_with_the_documented_default() -> None:
+    manifest = json.loads((ROOT / "server.json").read_text())
     package = manifest["packages"][0]
     assert package["registryType"] == "pypi" and package["transport"] == {"type": "stdio"}
     declared = {item["name"]: item.get("default") for item in package["environmentVariables"]}
-    rows = re.findall(r"^\| `([A-Z0-9_]+)` \| (.*?) \|", README.read_text(), flags=re.MULTILINE)
+    rows = re.findall(r"^\| `([A-Z0-9_]+)` \| (.*?) \|", CONFIGURATION.read_text(), flags=re.MULTILINE)
     documented = {name: default.strip("`") for name, default in rows}
     assert set(declared) == set(documented)
     for name, default in declared.items():
