@@ -141,7 +141,8 @@ async def test_a_server_that_is_not_root_says_which_cgroups_to_delegate_and_then
         # The fix, as the message gives it (as root, which sudo would be), then the same server again.
         await anyio.run_process(delegate[1].split())
         await anyio.run_process(delegate[2].split())
-        result = await _call(command, env, PROBE)
+        # With the default zygote: each call's child gets a cgroup of its own under the delegated one.
+        result = await _call(command, {**env, "SANDBOX_ZYGOTE": "1"}, PROBE)
         assert not result.is_error, _text(result)
         assert result.structured_content is not None
         seen = json.loads(result.structured_content["stdout"])
