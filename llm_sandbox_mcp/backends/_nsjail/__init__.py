@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -33,6 +34,8 @@ from llm_sandbox_mcp.errors import BackendUnavailable, SandboxFailure
 from llm_sandbox_mcp.models import Limits, SandboxSpec
 
 _START_SECONDS = 30.0
+# "[W][2026-01-01T00:00:00+0000][42] runChild():511 " before each of its log lines.
+_LOG_PREFIX = re.compile(r"^\[[A-Z]\]\[[^]]*\]\[\d+\] (?:\S+\(\):\d+ )?")
 
 
 def _holder_pid(nsjail_pid: int) -> int:
@@ -44,9 +47,10 @@ def _holder_pid(nsjail_pid: int) -> int:
 
 
 def _errors(log: str) -> str:
-    """nsjail's warning and error lines (its info lines say what it set up, not what failed)."""
-    lines = [line for line in log.splitlines() if line.startswith(("[W]", "[E]", "[F]"))]
-    return "\n".join(lines or log.strip().splitlines())[-500:]
+    """nsjail's warning and error lines (its info lines say what it set up, not what failed), without their
+    level, time, pid and source location."""
+    lines = [_LOG_PREFIX.sub("", line) for line in log.splitlines() if line.startswith(("[W]", "[E]", "[F]"))]
+    return "; ".join(lines or log.strip().splitlines())[-500:]
 
 
 def _kill_jail(nsjail_pid: int) -> None:
