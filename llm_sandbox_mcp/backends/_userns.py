@@ -87,6 +87,8 @@ def _errno_of(output: str) -> str:
         return "ENOSPC: no more user namespaces may be made here (the count or nesting limit)"
     if "not support user namespaces" in output or "Invalid argument" in output:
         return "EINVAL: this kernel has no user namespaces"
+    if "Permission denied" in output:
+        return "EACCES: the kernel refused them"
     return "EPERM: the kernel refused them"
 
 
