@@ -279,6 +279,12 @@ async def select_backend(settings: Settings) -> tuple[Backend, str]:
         if reasons:
             why += "; skipped " + "; ".join(reasons)
         return backend, why
+    from llm_sandbox_mcp.backends._userns import outer_sandbox
+
+    cause = outer_sandbox()
+    if cause:  # it explains every engine's reason at once: their first sentences are enough after it
+        briefly = " | ".join(reason.split(". ", 1)[0] for reason in reasons)
+        raise BackendUnavailable(f"BACKEND=auto found no usable engine. {cause} Each engine: {briefly}.")
     raise BackendUnavailable(
         "BACKEND=auto found no usable engine. " + " | ".join(reasons) + " — start Docker or Podman, or install "
         "bubblewrap with unprivileged user namespaces enabled; `llm-sandbox-mcp doctor` shows the details."

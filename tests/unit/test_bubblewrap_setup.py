@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_sandbox_mcp.backends import _bubblewrap
+from llm_sandbox_mcp.backends import _userns
 from llm_sandbox_mcp.backends._bubblewrap import BubblewrapBackend
 from llm_sandbox_mcp.backends._bubblewrap.argv import exec_argv, holder_argv
 from llm_sandbox_mcp.backends._bubblewrap.host import Bwrap, find_bwrap
@@ -94,9 +94,13 @@ def test_every_exec_is_hardened_and_gets_only_the_environment_it_is_given() -> N
 
 
 async def test_disabled_user_namespaces_are_reported_with_the_sysctl_to_enable_them(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(_bubblewrap, "userns_problem", lambda: "user.max_user_namespaces = 0")
+    proc = tmp_path / "proc"
+    for relative, value in (("sys/user/max_user_namespaces", "0"), ("self/uid_map", "0 0 4294967295")):
+        (proc / relative).parent.mkdir(parents=True, exist_ok=True)
+        (proc / relative).write_text(f"{value}\n")
+    monkeypatch.setattr(_userns, "PROC", proc)
     backend = BubblewrapBackend(None)
     with pytest.raises(BackendUnavailable, match=r"user namespaces.*max_user_namespaces = 0.*sysctl -w"):
         await backend.describe()

@@ -47,12 +47,11 @@ from llm_sandbox_mcp.backends._bubblewrap.host import (
     find_bwrap,
     private_dir,
     state_root,
-    userns_problem,
-    userns_unavailable,
 )
 from llm_sandbox_mcp.backends._bubblewrap.pipes import PipeProcess, feed, pump
 from llm_sandbox_mcp.backends._bubblewrap.seccomp import FILTER, TEMPLATE_FILTER
 from llm_sandbox_mcp.backends._container import OOM_SCORE_ADJ
+from llm_sandbox_mcp.backends._userns import refused, sysctl_problem, userns_refused
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, SandboxFailure
 from llm_sandbox_mcp.models import (
@@ -76,11 +75,13 @@ _DRAIN_SECONDS = 3.0
 _EXIT_DRAIN_SECONDS = 0.5
 # The cgroup of one zygote child: this prefix, its template's sandbox id, a dash.
 CALL_CGROUP_PREFIX = "call-"
-_USERNS_ERRORS = ("No permissions to creat", "setting up uid map", "uid_map", "Operation not permitted")
 
 
 class Jail(Protocol):
     """The program that makes a sandbox's namespaces (bwrap, nsjail), as found on this host."""
+
+    @property
+    def path(self) -> Path: ...
 
     def describe(self) -> str: ...
 
@@ -159,44 +160,46 @@ class HostSandbox(Generic[J]):
     def _discover(self) -> HostInfo[J]:
         if platform.system() != "Linux":
             raise BackendUnavailable(f"BACKEND={self.name} runs on Linux only; use BACKEND=docker or podman here")
-        problem = userns_problem()
+        problem = sysctl_problem()
         if problem:
-            raise userns_unavailable(problem)
+            raise userns_refused(self.name, None, f"the host has {problem}")
         nsenter = shutil.which("nsenter", path=HOST_PATH)
         if nsenter is None:
             raise BackendUnavailable(f"BACKEND={self.name} needs nsenter; install util-linux with your package manager")
         root = os.geteuid() == 0
+        state = state_root()
+        private_dir(state / "sandboxes", 0o700)
+        jail = self._find_jail(state, root)
+        # Before the cgroups: where neither works (inside a client's sandbox), the namespaces are the cause.
+        self._probe(jail, root)
         cgroups = CgroupManager()
         missing = cgroups.missing()
         if missing is not None:
             raise BackendUnavailable(
                 f"BACKEND={self.name} cannot bound memory, CPU and pids on this host ({missing}), and rlimits alone "
-                "bound neither shared memory nor CPU, so it will not run. Run the server as root, or in a "
-                "systemd user scope with the cgroup v2 controllers delegated (`systemd-run --user --scope -p "
-                "Delegate=yes uvx llm-sandbox-mcp`), or use Docker or Podman."
+                f"bound neither shared memory nor CPU, so it will not run. {cgroup_fix(cgroups, root)}"
             )
-        state = state_root()
-        private_dir(state / "sandboxes", 0o700)
-        host = HostInfo[J](
-            jail=self._find_jail(state, root),
+        return HostInfo[J](
+            jail=jail,
             nsenter=nsenter,
             cgroups=cgroups,
             state=state,
             root=root,
             nproc_per_userns=_kernel_at_least(5, 14),
         )
-        self._probe(host)
-        return host
 
     def _find_jail(self, state: Path, root: bool) -> J:
         raise NotImplementedError
 
-    def _probe(self, host: HostInfo[J]) -> None:
+    def _probe(self, jail: J, root: bool) -> None:
         """A trivial sandbox, as the sandbox user, so a host that cannot make one fails here, clearly."""
         raise NotImplementedError
 
-    def _run_as(self, host: HostInfo[J], uid: int, gid: int) -> dict[str, Any]:
-        return {"user": uid, "group": gid, "extra_groups": []} if host.root else {}
+    def _refusal(self, jail: J, output: str) -> BackendUnavailable:
+        """Why the jail could not make a sandbox here: refused user namespaces get their cause and fix."""
+        if refused(output):
+            return userns_refused(self.name, jail.path, output)
+        return BackendUnavailable(f"{jail.describe()} cannot make a sandbox here: {output or 'no reason given'}")
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -483,20 +486,17 @@ class BubblewrapBackend(HostSandbox[Bwrap]):
     def _find_jail(self, state: Path, root: bool) -> Bwrap:
         return find_bwrap(self._configured, state, staging=root)
 
-    def _probe(self, host: HostInfo[Bwrap]) -> None:
+    def _probe(self, jail: Bwrap, root: bool) -> None:
         uid, gid = self._probe_ids
         try:
             done = subprocess.run(
-                probe_argv(host.jail, uid, gid), capture_output=True, text=True, timeout=30, env=host_env(),
-                cwd="/", check=False, **self._run_as(host, uid, gid),
+                probe_argv(jail, uid, gid), capture_output=True, text=True, timeout=30, env=host_env(),
+                cwd="/", check=False, **_run_as(root, uid, gid),
             )  # fmt: skip
         except (OSError, subprocess.SubprocessError) as exc:
-            raise BackendUnavailable(f"{host.jail.describe()} does not run: {exc}") from exc
+            raise BackendUnavailable(f"{jail.describe()} does not run: {exc}") from exc
         if done.returncode != 0:
-            message = done.stderr.strip()
-            if any(marker in message for marker in _USERNS_ERRORS):
-                raise userns_unavailable(f"bwrap said: {message}")
-            raise BackendUnavailable(f"{host.jail.describe()} cannot make a sandbox here: {message}")
+            raise self._refusal(jail, done.stderr.strip())
 
     async def _start_holder(
         self, host: HostInfo[Bwrap], spec: SandboxSpec, cache_dir: Path | None
@@ -509,7 +509,7 @@ class BubblewrapBackend(HostSandbox[Bwrap]):
             holder = await anyio.open_process(
                 argv, stdin=subprocess.DEVNULL, cwd="/", env=host_env(), start_new_session=True,
                 pass_fds=(info_write, *files.values()),
-                **self._run_as(host, limits.uid, limits.gid),
+                **_run_as(host.root, limits.uid, limits.gid),
             )  # fmt: skip
         finally:
             for fd in (info_write, *files.values()):
@@ -525,8 +525,8 @@ class BubblewrapBackend(HostSandbox[Bwrap]):
             message = ""
             with anyio.CancelScope(shield=True):
                 message = await holder_error(holder)
-            if any(marker in message for marker in ("No permissions to creat", "setting up uid map")):
-                raise userns_unavailable(f"bwrap said: {message}") from exc
+            if refused(message):
+                raise userns_refused(self.name, host.jail.path, message) from exc
             raise SandboxFailure(f"bubblewrap could not create a sandbox: {message or exc!r}") from exc
         finally:
             os.close(info_read)
@@ -601,6 +601,30 @@ async def holder_error(holder: Process) -> str:
     with anyio.move_on_after(_DRAIN_SECONDS):
         await holder.aclose()
     return message.decode(errors="replace").strip()
+
+
+def _run_as(root: bool, uid: int, gid: int) -> dict[str, Any]:
+    return {"user": uid, "group": gid, "extra_groups": []} if root else {}
+
+
+def cgroup_fix(cgroups: CgroupManager, root: bool) -> str:
+    """How to give a server the cgroups it lacks: delegated ones for a server that is not root."""
+    if root:
+        return "Mount the cgroup pids, memory and cpu controllers (v1 or v2), or use Docker or Podman."
+    who = f"{os.geteuid()}:{os.getegid()}"
+    v1 = [str(h.parent) for h in cgroups.hierarchies if h.version == 1]
+    if v1 and len(v1) == len(cgroups.hierarchies):
+        directories = " ".join(v1)
+        return (
+            f"This server runs as uid {os.geteuid()}, not root, and may not create cgroups. Have root delegate "
+            f"the ones it uses (cgroup v1 here; for this login session): `sudo mkdir -p {directories} && sudo chown "
+            f"-R {who} {directories}`; or run the server as root, or use Docker or Podman."
+        )
+    return (
+        f"This server runs as uid {os.geteuid()}, not root, and may not create cgroups: run it in a systemd user "
+        "scope with the cgroup v2 controllers delegated (`systemd-run --user --scope -p Delegate=yes uvx "
+        "llm-sandbox-mcp`), or as root, or use Docker or Podman."
+    )
 
 
 def read_all(fd: int) -> bytes:

@@ -124,6 +124,9 @@ def discover() -> list[Hierarchy]:
         mounts, own = _mounts(), _own_paths()
     except OSError:
         return []
+    # A server that is not root keeps to a directory of its own: one delegated to it (see `cgroup_fix`) is
+    # never one a root server's sandboxes live in.
+    parent = PARENT if os.geteuid() == 0 else f"{PARENT}-{os.geteuid()}"
     hierarchies: list[Hierarchy] = []
     claimed: set[str] = set()
     for root, point, fstype, options in mounts:
@@ -131,7 +134,7 @@ def discover() -> list[Hierarchy]:
         if fstype == "cgroup" and wanted:
             # Nested under our own cgroup: any limit our parent has still applies to the sandboxes.
             own_path = own.get(sorted(wanted)[0], "/")
-            hierarchies.append(Hierarchy(1, wanted, _under(root, point, own_path) / PARENT))
+            hierarchies.append(Hierarchy(1, wanted, _under(root, point, own_path) / parent))
             claimed |= wanted
     for root, point, fstype, _ in mounts:
         if fstype != "cgroup2" or root != "/":
@@ -141,7 +144,7 @@ def discover() -> list[Hierarchy]:
             wanted = frozenset(available & set(CONTROLLERS)) - claimed
             if wanted:
                 # v2 forbids processes in a cgroup that delegates controllers, so not under our own cgroup.
-                hierarchies.append(Hierarchy(2, wanted, Path(point) / PARENT))
+                hierarchies.append(Hierarchy(2, wanted, Path(point) / parent))
                 claimed |= wanted
     return hierarchies
 

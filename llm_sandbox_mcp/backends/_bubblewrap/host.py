@@ -1,4 +1,4 @@
-"""What the bubblewrap backend needs from the host: a bwrap binary, user namespaces, and private directories.
+"""What the bubblewrap backend needs from the host: a bwrap binary and private directories (user namespaces: `_userns`).
 
 All functions block; the backend calls them from worker threads.
 """
@@ -22,12 +22,6 @@ MIN_VERSION = (0, 8, 0)
 # Where a bwrap that does not live under /usr is mounted in the sandbox's holder, for the per-exec bwrap.
 HELPER_DIR = "/run/llm-sandbox/bwrap"
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-USERNS_FIX = (
-    "Enable them with `sudo sysctl -w kernel.unprivileged_userns_clone=1` (Debian, older Ubuntu) and "
-    "`sudo sysctl -w user.max_user_namespaces=28633`; on Ubuntu 23.10+ also "
-    "`sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`. Persist the lines in /etc/sysctl.d/."
-)
 
 
 @dataclass(frozen=True)
@@ -111,7 +105,8 @@ def _placed(path: Path, version: tuple[int, int, int], origin: str, state_root: 
 
 
 def _stage(path: Path, bindir: Path, libs: Path, root: Path) -> tuple[Path, Path, Path]:
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    # The package's name too: the same bytes under another name would otherwise find the other's copy missing.
+    digest = hashlib.sha256(path.read_bytes() + bindir.parent.name.encode()).hexdigest()[:16]
     target = root / digest
     package = target / bindir.parent.name
     staged = (package, package / bindir.name, target / libs.name)
@@ -130,28 +125,6 @@ def _stage(path: Path, bindir: Path, libs: Path, root: Path) -> tuple[Path, Path
     except OSError:  # another server staged the same binary first
         shutil.rmtree(work, ignore_errors=True)
     return staged
-
-
-def userns_problem() -> str | None:
-    """Why unprivileged user namespaces cannot be made here, from the sysctls that switch them off."""
-    checks = (
-        ("/proc/sys/kernel/unprivileged_userns_clone", "kernel.unprivileged_userns_clone = 0"),
-        ("/proc/sys/user/max_user_namespaces", "user.max_user_namespaces = 0"),
-    )
-    for path, reason in checks:
-        try:
-            if Path(path).read_text().strip() == "0":
-                return reason
-        except OSError:
-            continue
-    return None
-
-
-def userns_unavailable(reason: str) -> BackendUnavailable:
-    return BackendUnavailable(
-        f"BACKEND=bubblewrap needs unprivileged user namespaces, which this host does not allow ({reason}). "
-        + USERNS_FIX
-    )
 
 
 def private_dir(path: Path, mode: int) -> Path:

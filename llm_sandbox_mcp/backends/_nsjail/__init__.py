@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -27,11 +28,14 @@ from llm_sandbox_mcp.backends._bubblewrap.host import HOST_PATH
 from llm_sandbox_mcp.backends._nsjail.argv import SETPRIV, exec_argv, holder_argv, probe_argv
 from llm_sandbox_mcp.backends._nsjail.host import Nsjail, find_nsjail
 from llm_sandbox_mcp.backends._nsjail.policy import kafel_policy, native_arch, x32_enabled
+from llm_sandbox_mcp.backends._userns import refused, userns_refused
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, SandboxFailure
 from llm_sandbox_mcp.models import Limits, SandboxSpec
 
 _START_SECONDS = 30.0
+# "[W][2026-01-01T00:00:00+0000][42] runChild():511 " before each of its log lines.
+_LOG_PREFIX = re.compile(r"^\[[A-Z]\]\[[^]]*\]\[\d+\] (?:\S+\(\):\d+ )?")
 
 
 def _holder_pid(nsjail_pid: int) -> int:
@@ -40,6 +44,13 @@ def _holder_pid(nsjail_pid: int) -> int:
     if len(children) != 1:
         raise ValueError(f"the holder's nsjail has {len(children)} children")
     return int(children[0])
+
+
+def _errors(log: str) -> str:
+    """nsjail's warning and error lines (its info lines say what it set up, not what failed), without their
+    level, time, pid and source location."""
+    lines = [_LOG_PREFIX.sub("", line) for line in log.splitlines() if line.startswith(("[W]", "[E]", "[F]"))]
+    return "; ".join(lines or log.strip().splitlines())[-500:]
 
 
 def _kill_jail(nsjail_pid: int) -> None:
@@ -70,20 +81,17 @@ class NsjailBackend(HostSandbox[Nsjail]):
             raise BackendUnavailable("BACKEND=nsjail needs setpriv; install util-linux with your package manager")
         return find_nsjail(self._configured)
 
-    def _probe(self, host: HostInfo[Nsjail]) -> None:
+    def _probe(self, jail: Nsjail, root: bool) -> None:
         limits = Limits(uid=self._probe_ids[0], gid=self._probe_ids[1])
         try:
             done = subprocess.run(
-                probe_argv(host.jail, limits, host.root), capture_output=True, text=True, timeout=30, env=host_env(),
+                probe_argv(jail, limits, root), capture_output=True, text=True, timeout=30, env=host_env(),
                 cwd="/", check=False,
             )  # fmt: skip
         except (OSError, subprocess.SubprocessError) as exc:
-            raise BackendUnavailable(f"{host.jail.describe()} does not run: {exc}") from exc
+            raise BackendUnavailable(f"{jail.describe()} does not run: {exc}") from exc
         if done.returncode != 0:
-            message = done.stderr.strip()[-500:]
-            raise BackendUnavailable(
-                f"{host.jail.describe()} cannot make a sandbox here (it needs user namespaces, or root): {message}"
-            )
+            raise self._refusal(jail, _errors(done.stderr))
 
     def _files(self, host: HostInfo[Nsjail], limits: Limits) -> dict[str, Path]:
         """The generated /etc files (the same for every sandbox of these ids), written once."""
@@ -123,6 +131,8 @@ class NsjailBackend(HostSandbox[Nsjail]):
             with anyio.CancelScope(shield=True):
                 _kill_jail(holder.pid)
                 message = await holder_error(holder)
+            if refused(message):
+                raise userns_refused(self.name, host.jail.path, _errors(message)) from exc
             raise SandboxFailure(f"nsjail could not create a sandbox: {message or exc!r}") from exc
         except BaseException:  # cancelled: a SIGKILLed nsjail would leave its jail running
             with anyio.CancelScope(shield=True):

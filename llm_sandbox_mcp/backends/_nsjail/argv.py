@@ -52,7 +52,8 @@ def _ids(limits: Limits, as_root: bool) -> list[str]:
 
 
 def probe_argv(nsjail: Nsjail, limits: Limits, as_root: bool) -> list[str]:
-    return [str(nsjail.path), "-Mo", "-Q", *_ids(limits, as_root), *_system_root(), "--", "/bin/true"]
+    # Not quiet (-Q): when it fails, its log says why.
+    return [str(nsjail.path), "-Mo", *_ids(limits, as_root), *_system_root(), "--", "/bin/true"]
 
 
 def holder_argv(
