@@ -14,6 +14,7 @@ import re
 import shutil
 import socket
 import stat
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -239,7 +240,7 @@ async def _splice(
 def _directory_prefix() -> str:
     """Socket directories carry their server's pid and start time, so those of a server that is gone are known."""
     pid = os.getpid()
-    return f"{_DIRECTORY_PREFIX}{pid}.{process_start(pid)}-"
+    return f"{_DIRECTORY_PREFIX}{pid}.{process_start(pid) or ''}-"
 
 
 def sweep_stale_directories(root: Path) -> None:
@@ -250,9 +251,11 @@ def sweep_stale_directories(root: Path) -> None:
             info = entry.lstat()
         except OSError:
             continue
-        if owner is None or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        others = sys.platform != "win32" and info.st_uid != os.geteuid()  # Windows: the temp dir is the user's
+        if owner is None or not stat.S_ISDIR(info.st_mode) or others:
             continue
-        if process_start(int(owner[1])) != owner[2]:
+        started = process_start(int(owner[1]))
+        if started is not None and started != owner[2]:
             shutil.rmtree(entry, ignore_errors=True)
 
 

@@ -20,7 +20,7 @@ from llm_sandbox_mcp import zygote
 from llm_sandbox_mcp.backends import _bubblewrap, load_backend
 from llm_sandbox_mcp.backends._bubblewrap import BubblewrapBackend
 from llm_sandbox_mcp.backends._bubblewrap.host import state_root
-from llm_sandbox_mcp.backends._bubblewrap.seccomp import FILTER
+from llm_sandbox_mcp.seccomp_bpf import FILTER
 from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import get_language
 from llm_sandbox_mcp.models import Execution, Limits, Live, SandboxSpec

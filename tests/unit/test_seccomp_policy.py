@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from llm_sandbox_mcp import seccomp
-from llm_sandbox_mcp.backends._bubblewrap.seccomp import FILTER, TEMPLATE_FILTER
+from llm_sandbox_mcp.seccomp_bpf import FILTER, TEMPLATE_FILTER
 from llm_sandbox_mcp.backends._docker import security_options
 from llm_sandbox_mcp.backends._kubernetes.pod import PodOptions, pod_manifest
 from llm_sandbox_mcp.backends._podman.libpod import container_spec

@@ -51,7 +51,6 @@ from llm_sandbox_mcp.backends._bubblewrap.host import (
     userns_unavailable,
 )
 from llm_sandbox_mcp.backends._bubblewrap.pipes import PipeProcess, feed, pump
-from llm_sandbox_mcp.backends._bubblewrap.seccomp import FILTER, TEMPLATE_FILTER
 from llm_sandbox_mcp.backends._container import OOM_SCORE_ADJ
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, SandboxFailure
@@ -65,6 +64,7 @@ from llm_sandbox_mcp.models import (
     SandboxSpec,
     captures,
 )
+from llm_sandbox_mcp.seccomp_bpf import FILTER, TEMPLATE_FILTER
 
 logger = logging.getLogger(__name__)
 
