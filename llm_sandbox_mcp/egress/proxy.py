@@ -23,6 +23,7 @@ from llm_sandbox_mcp.backends._owner import process_start
 from llm_sandbox_mcp.egress.policy import EgressPolicy, HostRule, Refusal, ip_literal
 from llm_sandbox_mcp.egress.request import MAX_HEAD, BadRequest, Request, parse_head
 from llm_sandbox_mcp.egress.upstream import Upstream, upstream_for
+from llm_sandbox_mcp.errors import SandboxFailure
 
 logger = logging.getLogger(__name__)
 
@@ -261,6 +262,12 @@ def sweep_stale_directories(root: Path) -> None:
 
 async def open_listener(policy: EgressPolicy, label: str) -> EgressListener:
     """Listen for one sandbox on a new socket; the caller mounts `directory` into it and closes the listener."""
+    if sys.platform == "win32":
+        raise SandboxFailure(
+            "the egress proxy listens on a UNIX socket, which Python has no support for on Windows, so library "
+            "installs and sessions with hosts cannot reach the network here; run the server in WSL2, or preinstall "
+            "the libraries in the image (SANDBOX_IMAGE_<LANGUAGE>)"
+        )
     global _swept
     if not _swept:
         _swept = True
