@@ -24,7 +24,7 @@ from docker.context.config import get_current_context_name
 from docker.tls import TLSConfig
 from docker.utils.config import find_config_file
 
-from llm_sandbox_mcp.backends._endpoints import Candidate, absent, docker_sockets, shown
+from llm_sandbox_mcp.backends._endpoints import Candidate, absent, docker_sockets, refuses, shown
 from llm_sandbox_mcp.errors import BackendUnavailable
 
 API_TIMEOUT = 120
@@ -96,6 +96,12 @@ def find_docker(candidates: Sequence[Candidate], problems: Sequence[str] = ()) -
             if candidate.explicit:
                 raise BackendUnavailable(f"The Docker engine socket {where} does not exist. {START_HINT}")
             missing.append(candidate.source)
+            continue
+        refused = refuses(candidate.url)
+        if refused is not None:
+            if candidate.explicit:
+                raise BackendUnavailable(f"The Docker engine at {where} does not answer ({refused}). {START_HINT}")
+            tried.append(f"{where}: {refused}")
             continue
         client: docker.DockerClient | None = None
         try:

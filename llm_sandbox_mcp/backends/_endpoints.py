@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,3 +177,18 @@ def absent(url: str) -> bool:
     """True for a UNIX socket path that is not there (nothing to connect to); other addresses may answer."""
     path = unix_path(url)
     return path is not None and not os.path.exists(path)
+
+
+def refuses(url: str) -> str | None:
+    """Why nothing answers on a UNIX socket URL (e.g. "Connection refused"), or None when something listens or
+    the address is not a UNIX socket. Checked before an SDK connects: they leak the socket of a failed connection."""
+    path = unix_path(url)
+    if path is None or sys.platform == "win32":
+        return None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(10)
+        try:
+            probe.connect(path)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
