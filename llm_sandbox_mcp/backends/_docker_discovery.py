@@ -24,7 +24,7 @@ from docker.context.config import get_current_context_name
 from docker.tls import TLSConfig
 from docker.utils.config import find_config_file
 
-from llm_sandbox_mcp.backends._endpoints import Candidate, absent, docker_sockets, refuses, shown
+from llm_sandbox_mcp.backends._endpoints import Candidate, absent, docker_sockets, refuses, shown, unix_path
 from llm_sandbox_mcp.errors import BackendUnavailable
 
 API_TIMEOUT = 120
@@ -94,7 +94,10 @@ def find_docker(candidates: Sequence[Candidate], problems: Sequence[str] = ()) -
         if absent(candidate.url):
             # Checked up front: the SDK leaks its socket when the connection to a missing path fails.
             if candidate.explicit:
-                raise BackendUnavailable(f"The Docker engine socket {where} does not exist. {START_HINT}")
+                raise BackendUnavailable(
+                    f"The Docker engine socket {unix_path(candidate.url)} does not exist (from {candidate.source}). "
+                    + START_HINT
+                )
             missing.append(candidate.source)
             continue
         refused = refuses(candidate.url)
