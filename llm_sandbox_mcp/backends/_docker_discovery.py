@@ -112,7 +112,10 @@ def find_docker(candidates: Sequence[Candidate], problems: Sequence[str] = ()) -
                 base_url=candidate.url, tls=cast("TLSConfig | bool", candidate.tls or False), timeout=_PROBE_TIMEOUT
             )
             client.ping()
-        except docker.errors.DockerException as exc:
+        except Exception as exc:
+            # The SDK's named-pipe transport raises pywin32's own error for a missing pipe, not a DockerException.
+            if not isinstance(exc, docker.errors.DockerException) and not candidate.url.startswith("npipe:"):
+                raise
             if client is not None:
                 client.close()
             if candidate.explicit:
