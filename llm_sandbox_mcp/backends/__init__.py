@@ -29,7 +29,6 @@ BackendName = Literal["docker", "podman", "kubernetes", "bubblewrap", "nsjail"]
 EgressTransport = Literal["socket", "tunnel"]
 BACKENDS: tuple[str, ...] = get_args(BackendName)
 LINUX_ONLY = ("bubblewrap", "nsjail")
-AUTO_ORDER = ("docker", "podman", "bubblewrap", "nsjail") if sys.platform == "linux" else ("docker", "podman")
 # The exit status of a process whose sandbox vanished under it (killed or removed): as if SIGKILLed.
 VANISHED_EXIT = 137
 _PROBE_SECONDS = 10.0
@@ -262,6 +261,12 @@ def _backend_module(name: str) -> ModuleType:
         raise
 
 
+def auto_order(platform: str) -> tuple[str, ...]:
+    """What BACKEND=auto tries on `platform` (a `sys.platform` value), in order: off Linux, the container engines."""
+    containers = ("docker", "podman")
+    return (*containers, *LINUX_ONLY) if platform == "linux" else containers
+
+
 def linux_only(name: str, platform: str) -> str:
     """Why the daemonless engine `name` cannot run on `platform` (a `sys.platform` value), and what can."""
     system = {"darwin": "macOS", "win32": "Windows"}.get(platform, platform)
@@ -278,7 +283,8 @@ async def select_backend(settings: Settings) -> tuple[Backend, str]:
     if settings.backend != "auto":
         return await open_backend(settings.backend, settings), f"BACKEND={settings.backend}"
     reasons: list[str] = []
-    for name in AUTO_ORDER:
+    order = auto_order(sys.platform)
+    for name in order:
         try:
             backend = await open_backend(name, settings)
         except SandboxError as exc:
@@ -299,6 +305,6 @@ async def select_backend(settings: Settings) -> tuple[Backend, str]:
         "BACKEND=auto found no usable engine. "
         + " | ".join(reasons)
         + " — start Docker or Podman"
-        + (", or install bubblewrap with unprivileged user namespaces enabled" if "bubblewrap" in AUTO_ORDER else "")
+        + (", or install bubblewrap with unprivileged user namespaces enabled" if "bubblewrap" in order else "")
         + "; `llm-sandbox-mcp doctor` shows the details."
     )
