@@ -247,7 +247,7 @@ def podman_home(home: Path) -> Path:
 
 def test_podman_tries_its_default_connection_first_with_the_machine_socket_for_its_ssh_address(home: Path) -> None:
     tmpdir = podman_home(home)
-    found = podman_candidates(None, None, {"TMPDIR": str(tmpdir)}, 501, home, "darwin")
+    found = podman_candidates(None, None, {"TMPDIR": str(tmpdir)}, None, home, "darwin")
     connection = "Podman connection 'podman-machine-default' (~/.config/containers/podman-connections.json)"
     assert [(c.url, c.source) for c in found[:3]] == [
         (
@@ -267,12 +267,10 @@ def test_podman_tries_its_default_connection_first_with_the_machine_socket_for_i
     ]
     assert not any(c.url.startswith("ssh://") for c in found)
     rest = [(c.url, c.source.split(" (")[0]) for c in found[3:]]
-    assert rest == [
-        ("tcp://podman.example:8888", "Podman connection 'remote'"),
-        ("unix:///run/user/501/podman/podman.sock", "the rootless default socket"),
-        ("unix:///run/podman/podman.sock", "the rootful default socket"),
-    ]
-    assert podman_candidates(None, None, {"CONTAINER_HOST": "unix:///c.sock"}, 501, home, "darwin")[0].explicit
+    assert rest == [("tcp://podman.example:8888", "Podman connection 'remote'")]
+    linux = podman_candidates(None, None, {"XDG_RUNTIME_DIR": "/run/user/1000"}, 1000, home, "linux")
+    assert [c.source for c in linux[-2:]] == ["the rootless default socket", "the rootful default socket"]
+    assert podman_candidates(None, None, {"CONTAINER_HOST": "unix:///c.sock"}, None, home, "darwin")[0].explicit
     assert [c.source for c in podman_candidates(None, None, {}, None, home, "win32")] == [
         "Podman connection 'remote' (~/.config/containers/podman-connections.json)"
     ]

@@ -3,7 +3,7 @@ speaking MCP over stdio), lists its tools, and a call says which engine is missi
 
 Needs no engine (the addresses it is given refuse at once), so the platforms workflow runs it on macOS and
 Windows; `LLM_SANDBOX_MCP_COMMAND` points it at an installed console script, else this interpreter runs the
-package.
+package. It costs one server start (about 5 s here, more on a loaded machine): one test checks the whole path.
 """
 
 from __future__ import annotations

@@ -390,7 +390,7 @@ def from_settings(settings: Settings) -> ThreadedBuilder:
                 settings.podman_host,
                 settings.docker_host,
                 os.environ,
-                None if sys.platform == "win32" else os.getuid(),
+                os.getuid() if sys.platform == "linux" else None,
                 Path.home(),
                 sys.platform,
             )

@@ -57,8 +57,8 @@ def candidates(
     home: Path | None = None,
     platform: str = "linux",
 ) -> list[Candidate]:
-    """Sockets to try, in order. `uid` is None where the system has none (Windows); `home` None skips Podman's
-    own configuration of connections."""
+    """Sockets to try, in order. `uid` is None off Linux, where Podman runs in a machine and the rootful and
+    rootless sockets are not on this host; `home` None skips Podman's own configuration of connections."""
     if podman_host:
         return [Candidate(podman_host, "PODMAN_HOST", explicit=True)]
     if environ.get("CONTAINER_HOST"):
