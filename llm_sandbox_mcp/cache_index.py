@@ -8,21 +8,26 @@ least-recently-used eviction goes by. All functions block; callers run them in w
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
+import sys
 import time
 from collections.abc import Generator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
+from llm_sandbox_mcp.file_lock import locked
+
 
 def cache_home() -> Path:
-    """$XDG_CACHE_HOME or ~/.cache; as root /var/cache (which the unprivileged sandbox user can reach)."""
+    """$XDG_CACHE_HOME or ~/.cache; as root /var/cache (which the unprivileged sandbox user can reach); on Windows
+    %LOCALAPPDATA%."""
     configured = os.environ.get("XDG_CACHE_HOME")
     if configured:
         base = Path(configured)
+    elif sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
     elif os.geteuid() == 0:
         base = Path("/var/cache")
     else:
@@ -48,8 +53,7 @@ class CacheIndex:
     def _locked(self) -> Generator[dict[str, CacheEntry]]:
         """The entries, for reading and changing; written back when the block ends without an error."""
         self.path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        with open(self.path.with_suffix(".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with locked(self.path.with_suffix(".lock")):
             entries = self._read()
             before = dict(entries)
             yield entries

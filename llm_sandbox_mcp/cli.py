@@ -121,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _serve(settings: Settings) -> None:
-    """Serve stdio until the client goes away (the lifespan cleans up) or SIGTERM/SIGHUP arrives.
+    """Serve stdio until the client goes away (the lifespan cleans up) or SIGTERM/SIGHUP arrives (not on Windows).
 
     The stdio transport reads stdin in a worker thread that no cancellation can stop, so on a signal the
     sandboxes are removed here and the process exits at once.
@@ -131,6 +131,11 @@ async def _serve(settings: Settings) -> None:
 
     state = AppState(settings)
     server = build_server(settings, state=state)
+    if sys.platform == "win32":
+        # No signal handlers in Windows' event loop: a client ends the server by closing stdin (the lifespan
+        # cleans up) or by terminating the process, which no handler could see anyway.
+        await server.run_stdio_async()
+        return
     async with anyio.create_task_group() as tasks:
 
         async def stop_on_signal() -> None:

@@ -5,7 +5,6 @@ One field per environment variable, named after it, so a validation error names 
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Annotated, Literal, get_args
@@ -26,6 +25,7 @@ from llm_sandbox_mcp import images
 from llm_sandbox_mcp.defaults import IMAGES, SANDBOX_USER
 from llm_sandbox_mcp.egress.policy import HostRule
 from llm_sandbox_mcp.errors import ConfigError
+from llm_sandbox_mcp.host_memory import physical_memory
 from llm_sandbox_mcp.models import MIN_CPUS, MIN_MEMORY, Limits
 
 BackendChoice = Literal["auto", "docker", "podman", "kubernetes", "bubblewrap", "nsjail"]
@@ -212,7 +212,7 @@ class Settings(BaseSettings):
         """SANDBOX_MEMORY_BUDGET, else three quarters of this host's memory."""
         if self.sandbox_memory_budget is not None:
             return self.sandbox_memory_budget
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
+        return physical_memory() * 3 // 4
 
     def base_image_for(self, language: str) -> str:
         """SANDBOX_IMAGE_* of the language, as configured."""

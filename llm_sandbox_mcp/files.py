@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,10 @@ from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import FileTransferError, InvalidRequest
 from llm_sandbox_mcp.models import ExecResult, SandboxRef
 from llm_sandbox_mcp.transfer import safe_relative
+
+# Not following a link, and not waiting for a FIFO's writer: only a regular file is read or written. Windows has
+# neither flag nor FIFOs (and `_confined` has resolved links already); there the file must be opened as binary.
+_REGULAR_ONLY = os.O_BINARY if sys.platform == "win32" else os.O_NOFOLLOW | os.O_NONBLOCK
 
 _CONFINE = """
 cd /workspace || exit 9
@@ -140,8 +145,7 @@ class Files:
     def _read_host(self, raw: str) -> bytes:
         real = self._confined(raw)
         try:
-            # Not following a link, and not waiting for a FIFO's writer: only a regular file is read.
-            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = os.open(real, os.O_RDONLY | _REGULAR_ONLY)
         except FileNotFoundError:
             raise FileTransferError(f"No such host file: {raw}") from None
         except OSError as exc:
@@ -159,7 +163,7 @@ class Files:
         target = self._confined(raw)
         if not target.parent.is_dir():
             raise FileTransferError(f"The host directory of {raw} does not exist")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | (0 if overwrite else os.O_EXCL)
+        flags = os.O_WRONLY | os.O_CREAT | _REGULAR_ONLY | (0 if overwrite else os.O_EXCL)
         try:
             fd = os.open(target, flags, 0o644)
         except FileExistsError:
@@ -169,7 +173,8 @@ class Files:
         with os.fdopen(fd, "wb") as handle:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise FileTransferError(f"Host path {raw} exists and is not a regular file")
-            os.fchmod(fd, 0o644)  # never executable, whatever the file was before
+            if sys.platform != "win32":  # Windows has no executable bit
+                os.fchmod(fd, 0o644)  # never executable, whatever the file was before
             os.ftruncate(fd, 0)
             handle.write(data)
         return str(target)

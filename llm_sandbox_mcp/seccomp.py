@@ -2,7 +2,7 @@
 
 The policy is stated once here and rendered per engine: as a seccomp profile in the Docker/OCI JSON format (Docker
 takes its content, Podman a file on its host, Kubernetes a `Localhost` profile the operator installs on the
-nodes), as the classic-BPF filter bubblewrap loads (`backends/_bubblewrap/seccomp.py`), and as the Kafel policy
+nodes), as the classic-BPF filter bubblewrap loads (`seccomp_bpf.py`), and as the Kafel policy
 nsjail compiles (`backends/_nsjail/policy.py`).
 
 Shape: allow by default, and deny on top what no sandbox needs. The denials cover what Docker's default

@@ -1,9 +1,11 @@
 """Sandbox engines behind one small async interface, loaded lazily by name from a closed set, and chosen
-automatically (BACKEND=auto: the first engine that answers, in the order Docker, Podman, bubblewrap, NsJail)."""
+automatically (BACKEND=auto: the first engine that answers, in the order Docker, Podman, bubblewrap, NsJail; off
+Linux only Docker and Podman, as the daemonless engines are Linux's namespaces)."""
 
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import import_module
@@ -26,7 +28,7 @@ T = TypeVar("T")
 BackendName = Literal["docker", "podman", "kubernetes", "bubblewrap", "nsjail"]
 EgressTransport = Literal["socket", "tunnel"]
 BACKENDS: tuple[str, ...] = get_args(BackendName)
-AUTO_ORDER = ("docker", "podman", "bubblewrap", "nsjail")
+LINUX_ONLY = ("bubblewrap", "nsjail")
 # The exit status of a process whose sandbox vanished under it (killed or removed): as if SIGKILLed.
 VANISHED_EXIT = 137
 _PROBE_SECONDS = 10.0
@@ -244,6 +246,8 @@ async def open_backend(name: str, settings: Settings) -> Backend:
 def _backend_module(name: str) -> ModuleType:
     if name not in BACKENDS:
         raise BackendUnavailable(f"No such backend: {name!r}; choose one of {', '.join(BACKENDS)}")
+    if name in LINUX_ONLY and sys.platform != "linux":
+        raise BackendUnavailable(linux_only(name, sys.platform))
     try:
         return import_module(f"llm_sandbox_mcp.backends._{name}")
     except ModuleNotFoundError as exc:
@@ -257,12 +261,30 @@ def _backend_module(name: str) -> ModuleType:
         raise
 
 
+def auto_order(platform: str) -> tuple[str, ...]:
+    """What BACKEND=auto tries on `platform` (a `sys.platform` value), in order: off Linux, the container engines."""
+    containers = ("docker", "podman")
+    return (*containers, *LINUX_ONLY) if platform == "linux" else containers
+
+
+def linux_only(name: str, platform: str) -> str:
+    """Why the daemonless engine `name` cannot run on `platform` (a `sys.platform` value), and what can."""
+    system = {"darwin": "macOS", "win32": "Windows"}.get(platform, platform)
+    return (
+        f"Backend {name!r} needs Linux (it builds sandboxes from Linux namespaces) and this is {system}. Use "
+        "BACKEND=docker (Docker Desktop, Colima, OrbStack, Rancher Desktop), BACKEND=podman (Podman machine) or "
+        "BACKEND=kubernetes, or BACKEND=auto to take the first engine that answers"
+        + ("; inside WSL2, bubblewrap works as on Linux" if platform == "win32" else "")
+    )
+
+
 async def select_backend(settings: Settings) -> tuple[Backend, str]:
     """The backend to use and why. An explicit BACKEND is used as is (its errors surface on first use)."""
     if settings.backend != "auto":
         return await open_backend(settings.backend, settings), f"BACKEND={settings.backend}"
     reasons: list[str] = []
-    for name in AUTO_ORDER:
+    order = auto_order(sys.platform)
+    for name in order:
         try:
             backend = await open_backend(name, settings)
         except SandboxError as exc:
@@ -286,6 +308,9 @@ async def select_backend(settings: Settings) -> tuple[Backend, str]:
         briefly = " | ".join(reason.split(". ", 1)[0] for reason in reasons)
         raise BackendUnavailable(f"BACKEND=auto found no usable engine. {cause} Each engine: {briefly}.")
     raise BackendUnavailable(
-        "BACKEND=auto found no usable engine. " + " | ".join(reasons) + " — start Docker or Podman, or install "
-        "bubblewrap with unprivileged user namespaces enabled; `llm-sandbox-mcp doctor` shows the details."
+        "BACKEND=auto found no usable engine. "
+        + " | ".join(reasons)
+        + " — start Docker or Podman"
+        + (", or install bubblewrap with unprivileged user namespaces enabled" if "bubblewrap" in order else "")
+        + "; `llm-sandbox-mcp doctor` shows the details."
     )

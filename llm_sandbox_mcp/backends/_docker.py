@@ -10,6 +10,7 @@ import io
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -34,10 +35,12 @@ from llm_sandbox_mcp.backends._container import (
     rlimits,
     top_processes,
 )
+from llm_sandbox_mcp.backends._docker_discovery import discovered
+from llm_sandbox_mcp.backends._endpoints import Candidate
 from llm_sandbox_mcp.backends._stream import SocketProcess, pump, send_stdin
 from llm_sandbox_mcp.backends._threaded import ThreadedBuilder
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure
+from llm_sandbox_mcp.errors import ImageMissing, SandboxFailure
 from llm_sandbox_mcp.models import (
     EGRESS_DIR,
     EGRESS_NETWORK,
@@ -131,34 +134,14 @@ class DockerEngine:
     def __init__(self, base_url: str | None) -> None:
         self._base_url = base_url
         self._client: docker.DockerClient | None = None
+        self._found: Candidate | None = None
         self._connect_lock = threading.Lock()
         self._images: set[str] = set()
 
     def _docker(self) -> docker.DockerClient:
         with self._connect_lock:
             if self._client is None:
-                socket_path = (self._base_url or "unix:///var/run/docker.sock").removeprefix("unix://")
-                if socket_path.startswith("/") and not os.path.exists(socket_path):
-                    # Checked up front: the SDK leaks its socket when the connection to a missing path fails.
-                    raise BackendUnavailable(
-                        f"The Docker engine socket {socket_path} does not exist. Start Docker, or set DOCKER_HOST "
-                        "to its socket; `llm-sandbox-mcp doctor` checks it."
-                    )
-                try:
-                    if self._base_url:
-                        self._client = docker.DockerClient(base_url=self._base_url, timeout=120)
-                    else:
-                        self._client = docker.from_env(timeout=120)
-                    self._client.ping()
-                except docker.errors.DockerException as exc:
-                    if self._client is not None:
-                        self._client.close()
-                    self._client = None
-                    where = self._base_url or "the default socket (DOCKER_HOST unset)"
-                    raise BackendUnavailable(
-                        f"The Docker engine at {where} does not answer ({exc}). Start Docker, or set DOCKER_HOST "
-                        "to its socket, e.g. unix:///var/run/docker.sock; `llm-sandbox-mcp doctor` checks it."
-                    ) from exc
+                self._client, self._found = discovered(self._base_url, sys.platform)
             return self._client
 
     def create(self, spec: SandboxSpec, track: Callable[[str], None]) -> str:
@@ -379,7 +362,8 @@ class DockerEngine:
 
     def describe(self) -> str:
         version = self._docker().version()
-        where = self._base_url or "default socket"
+        assert self._found is not None
+        where = f"{self._found.url} (from {self._found.source})"
         return f"Docker Engine {version.get('Version')} (API {version.get('ApiVersion')}) at {where}"
 
     def close(self) -> None:

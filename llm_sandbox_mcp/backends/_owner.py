@@ -6,7 +6,8 @@ import os
 import socket
 import uuid
 from collections.abc import Mapping
-from pathlib import Path
+
+from llm_sandbox_mcp.process_start import process_start as process_start
 
 LABEL_PREFIX = "llm-sandbox-mcp"
 MANAGED = f"{LABEL_PREFIX}.managed"
@@ -19,17 +20,6 @@ KIND = f"{LABEL_PREFIX}.kind"
 INSTANCE_ID = uuid.uuid4().hex[:12]
 
 
-def process_start(pid: int) -> str:
-    """The kernel's start time of a live process ("" for none or a zombie), so a recycled pid is not mistaken
-    for its owner and a server that died but is not reaped yet counts as gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    fields = stat.rsplit(")", 1)[1].split()
-    return "" if fields[0] == "Z" else fields[19]
-
-
 def owner_labels(kind: str = "sandbox") -> dict[str, str]:
     pid = os.getpid()
     return {
@@ -37,7 +27,7 @@ def owner_labels(kind: str = "sandbox") -> dict[str, str]:
         INSTANCE: INSTANCE_ID,
         HOST: socket.gethostname(),
         PID: str(pid),
-        STARTED: process_start(pid),
+        STARTED: process_start(pid) or "",
         KIND: kind,
     }
 
@@ -45,7 +35,8 @@ def owner_labels(kind: str = "sandbox") -> dict[str, str]:
 def owner_is_gone(labels: Mapping[str, str]) -> bool:
     """True when the labels name a server process on this host that no longer runs.
 
-    Resources of servers on other hosts are never judged dead: we cannot see their processes.
+    Resources of servers on other hosts are never judged dead: we cannot see their processes; nor are any where
+    this system cannot tell when a process started (see `process_start`).
     """
     if labels.get(INSTANCE) == INSTANCE_ID:
         return False
@@ -55,4 +46,5 @@ def owner_is_gone(labels: Mapping[str, str]) -> bool:
         pid = int(labels.get(PID, ""))
     except ValueError:
         return True
-    return process_start(pid) != labels.get(STARTED)
+    started = process_start(pid)
+    return started is not None and started != labels.get(STARTED)

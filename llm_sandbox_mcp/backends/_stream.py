@@ -9,6 +9,7 @@ import contextlib
 import select
 import socket
 import struct
+import sys
 import time
 from collections.abc import Callable
 
@@ -46,6 +47,23 @@ def _write_some(sock: socket.socket, pending: memoryview) -> memoryview | None:
         return None
 
 
+NAMED_PIPE_HINT = (
+    "on Windows this server streams a process's output through sockets only, and the engine was reached through a "
+    "named pipe: run the server in WSL2, or reach Docker over TCP (Docker Desktop: Settings > General > Expose "
+    "daemon on tcp://localhost:2375 without TLS, then DOCKER_HOST=tcp://localhost:2375)"
+)
+
+
+def _require_socket(sock: object, closer: Callable[[], object] | None = None) -> None:
+    """Refuse, with the way out, a stream that `select` cannot wait on: Windows' select takes sockets only."""
+    if sys.platform != "win32":
+        return
+    if not isinstance(sock, socket.socket):
+        if closer is not None:
+            closer()
+        raise SandboxFailure(f"Cannot read the sandbox process's output: {NAMED_PIPE_HINT}")
+
+
 class FrameReader:
     """Incremental parser of the multiplexed stream: feed raw bytes, get (stream, payload) pairs."""
 
@@ -78,6 +96,7 @@ def pump(
     read all its input cannot then block against us (Podman, unlike Docker, does not buffer its output).
     Returns True when the deadline passed (or the output went over its read budget, which ends it the same way).
     """
+    _require_socket(sock)
     reader = FrameReader()
     sinks = {1: out, 2: err}
     pending = memoryview(stdin) if stdin is not None else None
@@ -123,6 +142,7 @@ class SocketProcess:
     """A process behind a multiplexed exec socket, as a SandboxProcess. Blocking IO runs in worker threads."""
 
     def __init__(self, sock: socket.socket, closer: Callable[[], object]) -> None:
+        _require_socket(sock, closer)
         self._sock = sock
         self._closer = closer
         self._reader = FrameReader()

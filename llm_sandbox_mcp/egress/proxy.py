@@ -14,6 +14,7 @@ import re
 import shutil
 import socket
 import stat
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from llm_sandbox_mcp.backends._owner import process_start
 from llm_sandbox_mcp.egress.policy import EgressPolicy, HostRule, Refusal, ip_literal
 from llm_sandbox_mcp.egress.request import MAX_HEAD, BadRequest, Request, parse_head
 from llm_sandbox_mcp.egress.upstream import Upstream, upstream_for
+from llm_sandbox_mcp.errors import SandboxFailure
 
 logger = logging.getLogger(__name__)
 
@@ -239,7 +241,7 @@ async def _splice(
 def _directory_prefix() -> str:
     """Socket directories carry their server's pid and start time, so those of a server that is gone are known."""
     pid = os.getpid()
-    return f"{_DIRECTORY_PREFIX}{pid}.{process_start(pid)}-"
+    return f"{_DIRECTORY_PREFIX}{pid}.{process_start(pid) or ''}-"
 
 
 def sweep_stale_directories(root: Path) -> None:
@@ -250,14 +252,22 @@ def sweep_stale_directories(root: Path) -> None:
             info = entry.lstat()
         except OSError:
             continue
-        if owner is None or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        others = sys.platform != "win32" and info.st_uid != os.geteuid()  # Windows: the temp dir is the user's
+        if owner is None or not stat.S_ISDIR(info.st_mode) or others:
             continue
-        if process_start(int(owner[1])) != owner[2]:
+        started = process_start(int(owner[1]))
+        if started is not None and started != owner[2]:
             shutil.rmtree(entry, ignore_errors=True)
 
 
 async def open_listener(policy: EgressPolicy, label: str) -> EgressListener:
     """Listen for one sandbox on a new socket; the caller mounts `directory` into it and closes the listener."""
+    if sys.platform == "win32":
+        raise SandboxFailure(
+            "the egress proxy listens on a UNIX socket, which Python has no support for on Windows, so library "
+            "installs and sessions with hosts cannot reach the network here; run the server in WSL2, or preinstall "
+            "the libraries in the image (SANDBOX_IMAGE_<LANGUAGE>)"
+        )
     global _swept
     if not _swept:
         _swept = True

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
+
+if sys.platform != "linux":
+    pytest.skip("bubblewrap is a Linux-only engine (its modules need Linux)", allow_module_level=True)
 
 from llm_sandbox_mcp.backends import _userns
 from llm_sandbox_mcp.backends._bubblewrap import BubblewrapBackend

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+
+if sys.platform != "linux":
+    pytest.skip(
+        "checks bubblewrap's mounts beside the others; bubblewrap's modules need Linux", allow_module_level=True
+    )
 
 from llm_sandbox_mcp.backends._bubblewrap.argv import holder_argv
 from llm_sandbox_mcp.backends._bubblewrap.host import Bwrap

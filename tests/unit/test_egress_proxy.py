@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,7 +20,10 @@ from llm_sandbox_mcp.egress import proxy as proxy_module
 from llm_sandbox_mcp.egress.proxy import sweep_stale_directories
 from tests.support.connects import recorded
 
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(sys.platform == "win32", reason="the proxy listens on a UNIX socket; on Windows it refuses"),
+]
 
 
 async def _origin(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

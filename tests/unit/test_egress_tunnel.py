@@ -5,6 +5,7 @@ tests/hostile/test_egress.py), and the proxy's end is a real UNIX socket that ec
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 from collections.abc import AsyncGenerator, Callable
 from contextlib import asynccontextmanager
@@ -34,7 +35,10 @@ from llm_sandbox_mcp.egress.tunnel import (
 from llm_sandbox_mcp.errors import SandboxFailure
 from llm_sandbox_mcp.models import Limits, SandboxSpec
 
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(sys.platform == "win32", reason="the tunnel connects to the proxy's UNIX socket"),
+]
 
 
 def frame(kind: int, stream_id: int, payload: bytes = b"") -> bytes:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 
 import anyio
@@ -17,6 +18,7 @@ from llm_sandbox_mcp.files import Files
 from tests.support.fakes import FakeBackend
 
 pytestmark = pytest.mark.anyio
+POSIX_ONLY = pytest.mark.skipif(sys.platform == "win32", reason="FIFOs and executable bits are POSIX's")
 
 
 @pytest.fixture
@@ -31,6 +33,7 @@ def files(allowed: Path) -> Files:
     return Files(Settings(sandbox_host_dirs=[str(allowed)], sandbox_max_file_size=1024), FakeBackend())
 
 
+@POSIX_ONLY
 async def test_a_fifo_is_refused_at_once_rather_than_waited_on(files: Files, allowed: Path) -> None:
     os.mkfifo(allowed / "pipe")
     with anyio.fail_after(10), pytest.raises(FileTransferError, match="not a regular file"):
@@ -39,12 +42,14 @@ async def test_a_fifo_is_refused_at_once_rather_than_waited_on(files: Files, all
         await files.write_host(str(allowed / "pipe"), b"x", overwrite=True)
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="makes a device node, which needs root (as Linux CI runs)")
 async def test_a_device_is_refused(files: Files, allowed: Path) -> None:
     os.mknod(allowed / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
     with pytest.raises(FileTransferError, match="not a regular file"):
         await files.read_host(str(allowed / "null"))
 
 
+@POSIX_ONLY
 async def test_an_existing_file_is_replaced_only_when_asked_and_never_made_executable(
     files: Files, allowed: Path
 ) -> None:

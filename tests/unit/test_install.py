@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -232,6 +233,7 @@ def test_a_file_that_is_not_plain_json_is_left_alone(places: Places) -> None:
     assert "// my servers" in path.read_text()
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="Windows files have no POSIX mode bits")
 def test_new_user_files_are_private_and_existing_files_keep_their_mode(places: Places) -> None:
     install("claude-code", LAUNCH, places, scope="user")
     assert stat.S_IMODE((places.home / ".claude.json").stat().st_mode) == 0o600

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from llm_sandbox_mcp.backends._bubblewrap.seccomp import (
+from llm_sandbox_mcp.seccomp_bpf import (
     AUDIT_ARCH_AARCH64,
     AUDIT_ARCH_X86_64,
     DENIED,

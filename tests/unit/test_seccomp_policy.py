@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from llm_sandbox_mcp import seccomp
-from llm_sandbox_mcp.backends._bubblewrap.seccomp import FILTER, TEMPLATE_FILTER
 from llm_sandbox_mcp.backends._docker import security_options
 from llm_sandbox_mcp.backends._kubernetes.pod import PodOptions, pod_manifest
 from llm_sandbox_mcp.backends._podman.libpod import container_spec
@@ -30,6 +29,7 @@ from llm_sandbox_mcp.seccomp import (
     oci_profile,
     personality_denials,
 )
+from llm_sandbox_mcp.seccomp_bpf import FILTER, TEMPLATE_FILTER
 from tests.unit.test_seccomp import SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, run_filter
 
 ARCHES = [pytest.param(AUDIT_ARCH_X86_64, id="x86_64"), pytest.param(AUDIT_ARCH_AARCH64, id="aarch64")]

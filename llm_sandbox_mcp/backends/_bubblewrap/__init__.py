@@ -49,7 +49,6 @@ from llm_sandbox_mcp.backends._bubblewrap.host import (
     state_root,
 )
 from llm_sandbox_mcp.backends._bubblewrap.pipes import PipeProcess, feed, pump
-from llm_sandbox_mcp.backends._bubblewrap.seccomp import FILTER, TEMPLATE_FILTER
 from llm_sandbox_mcp.backends._container import OOM_SCORE_ADJ
 from llm_sandbox_mcp.backends._userns import refused, sysctl_problem, userns_refused
 from llm_sandbox_mcp.config import Settings
@@ -64,6 +63,7 @@ from llm_sandbox_mcp.models import (
     SandboxSpec,
     captures,
 )
+from llm_sandbox_mcp.seccomp_bpf import FILTER, TEMPLATE_FILTER
 
 logger = logging.getLogger(__name__)
 

@@ -12,6 +12,7 @@ import contextlib
 import json
 import select
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -149,6 +150,9 @@ class ExecStream:
             return True  # recv reports the closed stream
         if isinstance(sock, ssl.SSLSocket) and sock.pending():
             return True  # already decrypted: invisible to poll
+        if sys.platform == "win32":  # no poll; select has no descriptor limit there
+            readable, _, _ = select.select([sock], [], [], timeout)
+            return bool(readable)
         poller = select.poll()
         poller.register(sock, select.POLLIN)
         return bool(poller.poll(timeout * 1000))

@@ -16,11 +16,12 @@ import logging
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Sequence
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any, cast
 
 from podman import PodmanClient
@@ -384,5 +385,14 @@ def _user(ref: SandboxRef) -> str:
 
 def from_settings(settings: Settings) -> ThreadedBuilder:
     return ThreadedBuilder(
-        PodmanEngine(candidates(settings.podman_host, settings.docker_host, os.environ, os.getuid()))
+        PodmanEngine(
+            candidates(
+                settings.podman_host,
+                settings.docker_host,
+                os.environ,
+                os.getuid() if sys.platform == "linux" else None,
+                Path.home(),
+                sys.platform,
+            )
+        )
     )

@@ -5,7 +5,9 @@ Discovery order (the first that applies wins):
    unreachable, never skipped for another socket.
 2. `DOCKER_HOST`, only when it answers as Podman: it usually names Docker's socket, for `BACKEND=docker`,
    but Podman users often point it at Podman's Docker-compatible socket, which is the same socket.
-3. The default sockets: rootful `/run/podman/podman.sock` and rootless
+3. The connections Podman keeps (`_endpoints.podman_connections`), a Podman machine's API socket on this host
+   in place of its ssh:// address.
+4. The default sockets (not on Windows): rootful `/run/podman/podman.sock` and rootless
    `$XDG_RUNTIME_DIR/podman/podman.sock` (`/run/user/$UID/...` when the variable is unset), the one that
    belongs to the server's own user first. A default that does not answer is passed over for the next.
 """
@@ -15,25 +17,31 @@ Discovery order (the first that applies wins):
 
 from __future__ import annotations
 
+import errno
 import socket
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
 from podman import PodmanClient
 from podman.errors.exceptions import APIError
 
+from llm_sandbox_mcp.backends._endpoints import Candidate as Candidate
+from llm_sandbox_mcp.backends._endpoints import podman_connections
+from llm_sandbox_mcp.backends._endpoints import unix_path as unix_path
 from llm_sandbox_mcp.errors import BackendUnavailable
 
 ROOTFUL_SOCKET = "/run/podman/podman.sock"
 API_TIMEOUT = 120
 _LIMIT_CONTROLLERS = ("memory", "pids", "cpu")
 START_HINT = (
-    "Start the Podman service (rootless: `systemctl --user enable --now podman.socket`; rootful: "
-    "`systemctl enable --now podman.socket`, or `podman system service --time=0 unix:///run/podman/podman.sock`), "
-    "or set PODMAN_HOST to its socket, e.g. unix:///run/user/1000/podman/podman.sock; "
-    "`llm-sandbox-mcp doctor` checks it."
+    "Start the Podman service (Linux rootless: `systemctl --user enable --now podman.socket`; rootful: "
+    "`systemctl enable --now podman.socket`, or `podman system service --time=0 unix:///run/podman/podman.sock`; "
+    "macOS: `podman machine init` once, then `podman machine start`), or set PODMAN_HOST to its socket, e.g. "
+    "unix:///run/user/1000/podman/podman.sock; `llm-sandbox-mcp doctor` checks it."
 )
 LIMITS_HINT = (
     "use rootful Podman (PODMAN_HOST=unix:///run/podman/podman.sock) or a host with cgroup v2 and the memory, "
@@ -41,29 +49,28 @@ LIMITS_HINT = (
 )
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """A socket that may be the Podman service, and where we heard of it."""
-
-    url: str
-    source: str
-    explicit: bool = False
-    """Named by the user: used or reported, never skipped."""
-
-
 def candidates(
-    podman_host: str | None, docker_host: str | None, environ: Mapping[str, str], uid: int
+    podman_host: str | None,
+    docker_host: str | None,
+    environ: Mapping[str, str],
+    uid: int | None,
+    home: Path | None = None,
+    platform: str = "linux",
 ) -> list[Candidate]:
-    """Sockets to try, in order."""
+    """Sockets to try, in order. `uid` is None off Linux, where Podman runs in a machine and the rootful and
+    rootless sockets are not on this host; `home` None skips Podman's own configuration of connections."""
     if podman_host:
         return [Candidate(podman_host, "PODMAN_HOST", explicit=True)]
     if environ.get("CONTAINER_HOST"):
         return [Candidate(environ["CONTAINER_HOST"], "CONTAINER_HOST", explicit=True)]
-    runtime_dir = environ.get("XDG_RUNTIME_DIR") or f"/run/user/{uid}"
-    rootful = Candidate(f"unix://{ROOTFUL_SOCKET}", "the rootful default socket")
-    rootless = Candidate(f"unix://{runtime_dir}/podman/podman.sock", "the rootless default socket")
     found = [Candidate(docker_host, "DOCKER_HOST")] if docker_host else []
-    found += [rootful, rootless] if uid == 0 else [rootless, rootful]
+    if home is not None:
+        found += podman_connections(home, environ, platform)
+    if uid is not None:
+        runtime_dir = environ.get("XDG_RUNTIME_DIR") or f"/run/user/{uid}"
+        rootful = Candidate(f"unix://{ROOTFUL_SOCKET}", "the rootful default socket")
+        rootless = Candidate(f"unix://{runtime_dir}/podman/podman.sock", "the rootless default socket")
+        found += [rootful, rootless] if uid == 0 else [rootless, rootful]
     unique: dict[str, Candidate] = {}
     for candidate in found:
         unique.setdefault(unix_path(candidate.url) or candidate.url, candidate)
@@ -154,14 +161,6 @@ class Engine:
         return f"Rootless Podman with {why} cannot enforce memory, CPU and pids limits; {LIMITS_HINT}"
 
 
-def unix_path(url: str) -> str | None:
-    """The file of a unix-socket URL (`unix:///run/x.sock`, `http+unix://%2Frun%2Fx.sock`), else None."""
-    parsed = urlparse(url)
-    if parsed.scheme not in ("unix", "http+unix"):
-        return None
-    return unquote(parsed.netloc) + parsed.path
-
-
 def check_scheme(url: str) -> None:
     """Raise ValueError, with the way out, for an address the raw exec connection cannot reach."""
     scheme = urlparse(url).scheme
@@ -180,6 +179,8 @@ def connect(url: str, timeout: float) -> socket.socket:
     if path is None:
         parsed = urlparse(url)
         return socket.create_connection((parsed.hostname or "localhost", parsed.port or 80), timeout=timeout)
+    if sys.platform == "win32":
+        raise OSError(errno.EAFNOSUPPORT, "this Python has no UNIX sockets on Windows; use a tcp:// address")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:

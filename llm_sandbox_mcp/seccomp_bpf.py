@@ -1,5 +1,6 @@
-"""The project's syscall policy (`llm_sandbox_mcp.seccomp`) as a filter for bubblewrap's `--seccomp FD`:
-classic BPF, built here with no native dependency.
+"""The project's syscall policy (`llm_sandbox_mcp.seccomp`) as a classic-BPF filter, built here with no native
+dependency: what bubblewrap loads with `--seccomp FD`, and what a zygote child installs on every engine (so it
+lives outside the Linux-only engines' folders).
 
 Any other ABI than x86_64 or aarch64 (i386 or x32 on x86_64, arm32 on aarch64) kills the process, so a
 syscall cannot dodge the table by using another ABI's numbers.
