@@ -32,6 +32,10 @@ from llm_sandbox_mcp.images.detached import BuildFiles, start
 
 logger = logging.getLogger(__name__)
 
+# Build processes that went on after the server that started them stopped following them, as they are meant
+# to: kept referenced, so that they are not reported as leaked while this process lives.
+_DETACHED: list[subprocess.Popen[bytes]] = []
+
 # How often a build is looked at (its process, its lock, its log).
 POLL_SECONDS = 1.0
 # How long after a failed build the next call starts another.
@@ -85,6 +89,8 @@ class ProjectImages:
         self._tasks.cancel_scope.cancel()
         await self._tasks.__aexit__(exc_type, exc, tb)
         self._tasks = None
+        _DETACHED.extend(b.process for b in self.builds.values() if b.process is not None)
+        _DETACHED[:] = [process for process in _DETACHED if process.poll() is None]
 
     def recipe(self, language: str) -> Recipe:
         if language not in self._recipes:
@@ -113,6 +119,8 @@ class ProjectImages:
             if current.ready:
                 self._ready.add(language)
                 return
+            if await self.builder.image_info(recipe.base) is None:
+                return  # the first sandbox pulls it (or says why it cannot); the build starts at the next call
             build = Build(recipe, BuildFiles.of(self.engine, recipe), current.stale or "not built yet")
             self.builds[language] = build
             assert self._tasks is not None, "ProjectImages is used as an async context manager"
@@ -146,6 +154,7 @@ class ProjectImages:
         recipe = build.recipe
         try:
             while True:
+                _DETACHED[:] = [process for process in _DETACHED if process.poll() is None]
                 ours = build.process is not None and build.process.poll() is None
                 if not ours and not await anyio.to_thread.run_sync(build.files.locked):
                     if (await status(builder, recipe)).ready:
