@@ -26,7 +26,9 @@ def add_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
     )
     commands = parser.add_subparsers(dest="images_command", required=True)
     build_parser = commands.add_parser(
-        "build", help="build the project images that are missing or out of date on the engine (BACKEND)"
+        "build",
+        help="build the project images that are missing or out of date on the engine (BACKEND); optional: the "
+        "server builds a missing one in the background at first use, running calls on the base image meanwhile",
     )
     listing = commands.add_parser("list", help="each language's project image and whether the engine has it")
     for sub in (build_parser, listing):

@@ -1,6 +1,7 @@
 """Images as users get them, on every engine: the project images have the libraries agents import first,
 a bare official-like image says which `libraries` value fixes a missing import, and a missing project
-image is built once, at first use, through the engine's API.
+image is built once, in the background at first use (calls run on the base image meanwhile), by a detached
+`images build` process that drives the engine's API.
 """
 
 from __future__ import annotations
