@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 
 import anyio
+import anyio.to_thread
 
 from llm_sandbox_mcp import images
 from llm_sandbox_mcp.backends import Backend, ImageBuilder, select_backend
@@ -54,7 +55,11 @@ async def doctor_lines(settings: Settings, backend: Backend) -> list[str]:
     lines: list[str] = []
     for language in LANGUAGES:
         current = await status(backend, images.recipe(settings, language))
-        lines.append(f"  project image {describe(current)}")
+        files = BuildFiles.of(backend.name, current.recipe)
+        building = not current.ready and await anyio.to_thread.run_sync(files.locked)
+        lines.append(
+            f"  project image {describe(current)}" + (f" (being built now; log: {files.log})" if building else "")
+        )
     used = "used" if images.derived(settings) else "not used (SANDBOX_PROJECT_IMAGES=false or Kubernetes)"
     missing = sum(line.split()[3] != "present" for line in lines)
     hint = (
