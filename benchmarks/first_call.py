@@ -46,11 +46,13 @@ def _engine(backend: str) -> Any:
     return docker.from_env()
 
 
-def _fresh_base(client: Any, source: str) -> str:
+def _fresh_base(client: Any, backend: str, source: str) -> str:
     """The source image under a new name and a new id (one label more), nothing built on it yet."""
     name = f"localhost/firstcall-bench/python:{secrets.token_hex(4)}"
-    dockerfile = f"FROM {source}\nLABEL org.llm-sandbox-mcp.bench={name}\n".encode()
-    client.images.build(fileobj=io.BytesIO(dockerfile), tag=name, rm=True)
+    dockerfile = f"FROM {source}\nLABEL org.llm-sandbox-mcp.bench={name}\n"
+    # Podman's SDK copies the Dockerfile as text, Docker's sends bytes.
+    fileobj = io.StringIO(dockerfile) if backend == "podman" else io.BytesIO(dockerfile.encode())
+    client.images.build(fileobj=fileobj, tag=name, rm=True)
     return name
 
 
@@ -83,7 +85,7 @@ def _remove_built_on(client: Any, base: str) -> None:
     """Every image made on `base` (project image, build steps of an interrupted build), then `base`."""
     base_id = client.images.get(base).id
     images = client.images.list(all=True)
-    children = {image.id: image.attrs.get("Parent") for image in images}
+    children = {image.id: image.attrs.get("Parent") or image.attrs.get("ParentId") for image in images}
     doomed = {base_id}
     while True:
         more = {child for child, parent in children.items() if parent in doomed and child not in doomed}
@@ -136,7 +138,7 @@ async def main() -> None:
     runs: list[dict[str, Any]] = []
     load_before = os.getloadavg()
     for number in range(args.runs):
-        base = _fresh_base(client, source)
+        base = _fresh_base(client, backend, source)
         with tempfile.TemporaryDirectory(prefix="first-call-") as cache_home:
             try:
                 run = await one_run(backend, base, cache_home)
