@@ -95,7 +95,8 @@ def start(settings: Settings, engine: str, recipe: Recipe, files: BuildFiles) ->
     """Start `images build` for the recipe's language in a detached process, its output to the log."""
     argv = [sys.executable, "-m", "llm_sandbox_mcp", "images", "build", "--language", recipe.language]
     files.log.parent.mkdir(parents=True, exist_ok=True)
-    with open(files.log, "wb") as log:
+    # Appended to: where two servers start a build at once, the second waits for the first, both writing here.
+    with open(files.log, "ab") as log:
         if sys.platform == "win32":
             flags = subprocess.DETACHED_PROCESS | subprocess.CREATE_NEW_PROCESS_GROUP | subprocess.CREATE_NO_WINDOW
             return subprocess.Popen(
