@@ -25,7 +25,7 @@ from llm_sandbox_mcp.egress.tunnel import Tunnels
 from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure
 from llm_sandbox_mcp.forking import READY_SECONDS, Forks, ForksUnavailable
 from llm_sandbox_mcp.hints import missing_library_hint
-from llm_sandbox_mcp.images.build import ProjectImages
+from llm_sandbox_mcp.images.background import ProjectImages
 from llm_sandbox_mcp.kernel import Kernel, KernelDied, SandboxRefused, drop_uncollected_files
 from llm_sandbox_mcp.languages import COMPILE_FAILED_MARKER, Language, get_language
 from llm_sandbox_mcp.libraries import LibraryCache
@@ -129,7 +129,10 @@ class Executor:
         # Sandbox kinds whose image could not start the warm runner (no perl, say): they run one exec per call.
         self._cold: set[WarmKey] = set()
         self.limiter = anyio.CapacityLimiter(settings.sandbox_max_concurrency)
-        self.images = ProjectImages(settings, backend)
+        self.images = ProjectImages(settings, backend, self._switched)
+        self.libraries.image_of = self.images.image
+        # Languages warmed ahead of calls: warmed again on their project image once it is built.
+        self._warmed: set[str] = set()
         self.zygotes = Zygotes(settings, backend, self.budget)
         self.forks = Forks(settings, backend.name)
         self.builds = BuildCache(backend, settings.sandbox_build_cache_size)
@@ -141,6 +144,7 @@ class Executor:
             await stack.enter_async_context(self.tunnels)
             await stack.enter_async_context(self.pool)
             await stack.enter_async_context(self.zygotes)
+            await stack.enter_async_context(self.images)
             self._stack = stack.pop_all()
         return self
 
@@ -170,14 +174,24 @@ class Executor:
         return timeout
 
     def spec_for(self, language: Language, cache_key: str | None = None, limits: Limits | None = None) -> SandboxSpec:
+        """The sandbox of `language` (on the image `images.prepare` found for it)."""
         cache = CacheMount(cache_key) if cache_key else None
-        return SandboxSpec(self.settings.image_for(language.name), limits or self.limits, cache)
+        return SandboxSpec(self.images.image(language.name), limits or self.limits, cache)
 
     async def _spec(
         self, lang: Language, libraries: list[str], limits: Limits | None = None, live: Live | None = None
     ) -> SandboxSpec:
-        """The sandbox a run needs: its image built first when missing, its libraries installed when it has any."""
-        await self.images.ensure(lang.name, live)
+        """The sandbox a run needs: on the project image once it is built (the base image meanwhile, and then
+        `live` says so), its libraries installed when it has any."""
+        await self.images.prepare(lang.name)
+        if live is not None and self.images.pending(lang.name) is not None:
+            base = self.settings.base_image_for(lang.name)
+
+            def note() -> str:
+                pending = self.images.pending(lang.name)
+                return f" (on the base image {base}: {pending or 'the project image is ready for the next calls'})"
+
+            live.note = note
         key = None
         if self.libraries.needed(lang, libraries):
             if live is not None:
@@ -185,8 +199,10 @@ class Executor:
             key = await self.libraries.ensure(lang, libraries)
         return self.spec_for(lang, key, limits)
 
-    def warm(self, language: Language) -> None:
+    async def warm(self, language: Language) -> None:
         """Have sandboxes for `language` (without libraries) ready before the first call."""
+        await self.images.prepare(language.name)
+        self._warmed.add(language.name)
         spec = self.spec_for(language)
         if self.zygotes.serves(language, spec):
             self.zygotes.warm(language, spec)
@@ -213,7 +229,7 @@ class Executor:
             live.phase = "starting the sandbox"
             forked = await self.zygotes.run(program.language, spec, _decode(program.source), program.timeout, live)
             if forked is not None:
-                return self._shape(program.language, forked, program.timeout, False)
+                return self._shape(program.language, forked, program.timeout, False, spec)
             for cached in (True, False):
                 live.phase = "starting the sandbox"
                 key, lease = await self._acquire(program.language, spec)
@@ -264,6 +280,7 @@ class Executor:
 
     async def check_zygote(self, lang: Language) -> str:
         """For `doctor`: whether Python one-shot calls fork their sandboxes here (bubblewrap or containers)."""
+        await self.images.prepare(lang.name)
         spec = self.spec_for(lang)
         if not self.forks.enabled:
             return await self.zygotes.check(lang, spec)
@@ -350,7 +367,7 @@ class Executor:
             result.artifacts = cell.changed(outputs) if cell is not None else outputs
         # A one-shot sandbox is destroyed after the run anyway: only a session can lose its interpreter.
         lost = result.interpreter_lost and cell is not None
-        execution = self._shape(lang, result, program.timeout, lost)
+        execution = self._shape(lang, result, program.timeout, lost, lease.ref.spec)
         if lost:
             execution.stderr += "[the interpreter was stopped; the next call starts a new one (files are kept)]\n"
         execution.stderr = "".join(notes) + execution.stderr
@@ -376,6 +393,7 @@ class Executor:
     async def probe(self, lang: Language) -> tuple[str, dict[str, str]]:
         """The runtime version the configured image really has, and the versions of the project image's
         libraries found in it."""
+        await self.images.prepare(lang.name)
         lease = await self.pool.acquire(WarmKey(lang.name, self.spec_for(lang)))
         try:
             result = await self.backend.exec(lease.ref, list(lang.version_argv), timeout=30, output_limit=4096)
@@ -392,7 +410,6 @@ class Executor:
         return self.budget.committed + 2 * key.spec.limits.memory_bytes <= self.budget.total
 
     async def _make_lease(self, key: WarmKey, ahead: bool, one_shot: bool = True) -> Lease:
-        await self.images.ensure(key.language)
         charge = key.spec.limits.memory_bytes
         self.budget.reserve(charge, "a warm sandbox" if ahead else "a sandbox")
         try:
@@ -462,14 +479,26 @@ class Executor:
             self.budget.release(lease.charged)
             lease.charged = 0
 
-    def _shape(self, lang: Language, result: ExecResult, seconds: float, lost: bool) -> Execution:
+    async def _switched(self, language: str, base: str) -> None:
+        """The project image of `language` is built: sandboxes made ready on its base image go (template
+        containers included), and those warmed ahead are made again on the project image."""
+        self.pool.drop(lambda key: key.language == language and key.spec.image == base)
+        if language in self._warmed:
+            await self.warm(get_language(language))
+
+    def _shape(
+        self, lang: Language, result: ExecResult, seconds: float, lost: bool, spec: SandboxSpec | None = None
+    ) -> Execution:
         phase = "run"
         raw_stderr = result.stderr
         if raw_stderr.endswith(COMPILE_FAILED_MARKER):
             phase, raw_stderr = "compile", raw_stderr[: -len(COMPILE_FAILED_MARKER)]
         stderr = _decode(raw_stderr)
         if result.exit_code not in (0, None):
-            stderr += missing_library_hint(lang.name, stderr)
+            on_base = spec is not None and spec.image == self.settings.base_image_for(lang.name)
+            pending = self.images.pending(lang.name) if on_base else None
+            coming = self.images.recipe(lang.name).specs if pending is not None else []
+            stderr += missing_library_hint(lang.name, stderr, pending, coming)
         if result.timed_out:
             stderr += (
                 f"\n[timed out after {seconds:g} s: every process was killed; raise `timeout` "

@@ -10,6 +10,8 @@ import json
 import re
 import sys
 
+from llm_sandbox_mcp.images import library_name
+
 # Import names whose PyPI distribution is named differently.
 _PYPI_NAMES = {
     "PIL": "pillow",
@@ -69,12 +71,27 @@ def missing_library(language: str, stderr: str) -> str | None:
     return None
 
 
-def missing_library_hint(language: str, stderr: str) -> str:
-    """A line to append to stderr saying which `libraries` value makes the run work, or ''."""
+def missing_library_hint(
+    language: str, stderr: str, pending: str | None = None, coming: list[str] | None = None
+) -> str:
+    """A line to append to stderr saying which `libraries` value makes the run work, or ''. `pending`: the run
+    was on the base image while the project image, which preinstalls `coming`, is built (what to say of it)."""
     library = missing_library(language, stderr)
     if library is None:
         return ""
+    install = f"libraries={json.dumps([library])}"
+    if pending is not None and _listed(library, coming or []):
+        return (
+            f"\n[hint: {library!r} comes with the {language} project image, which is not ready yet: {pending}. "
+            f"Call again with {install} to install it for this run now, or without it once the image is ready]\n"
+        )
     return (
-        f"\n[hint: {library!r} is not installed in this sandbox's image; call again with "
-        f"libraries={json.dumps([library])} to install it for the run]\n"
+        f"\n[hint: {library!r} is not installed in this sandbox's image; call again with {install} to install it "
+        "for the run]\n"
     )
+
+
+def _listed(library: str, specs: list[str]) -> bool:
+    """Whether `library` is one of the specs' names (PyPI names compare case- and separator-insensitively)."""
+    wanted = re.sub(r"[-_.]+", "-", library).lower()
+    return any(re.sub(r"[-_.]+", "-", library_name(spec)).lower() == wanted for spec in specs)

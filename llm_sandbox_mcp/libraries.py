@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 
 import anyio
@@ -146,6 +147,9 @@ class LibraryCache:
         self._ready: dict[str, float] = {}
         self._touched: dict[str, float] = {}
         self.index = CacheIndex()
+        # The image a language's installs and runs use now (the executor's: its base image while the project
+        # image is built in the background).
+        self.image_of: Callable[[str], str] = settings.image_for
 
     def needed(self, lang: Language, specs: list[str]) -> bool:
         """Whether a run of `lang` with `specs` mounts a store (Go builds one even without libraries)."""
@@ -161,7 +165,7 @@ class LibraryCache:
         installer that writes another store (a new release's), is a different cache."""
         registry = sorted(install_env(lang, self.settings).items())
         installer = hashlib.sha256(json.dumps(lang.install_argv(specs)).encode()).hexdigest()
-        identity = json.dumps([lang.name, self.settings.image_for(lang.name), specs, registry, installer])
+        identity = json.dumps([lang.name, self.image_of(lang.name), specs, registry, installer])
         return hashlib.sha256(identity.encode()).hexdigest()[:32]
 
     async def ensure(self, lang: Language, specs: list[str]) -> str:
@@ -190,7 +194,7 @@ class LibraryCache:
             )
             try:
                 spec = SandboxSpec(
-                    self.settings.image_for(lang.name),
+                    self.image_of(lang.name),
                     install_limits,
                     CacheMount(key, writable=True),
                     egress=str(listener.directory) if listener else None,

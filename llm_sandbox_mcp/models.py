@@ -205,6 +205,9 @@ class Live:
 
     def __init__(self, keep: int = 256 * 1024) -> None:
         self.phase = "queued"
+        # Said after the phase for the whole run: e.g. that it runs on the base image while the project image
+        # is built (a function: what it says changes as the build goes).
+        self.note: Callable[[], str] = str
         self.started = time.monotonic()
         self.ended: float | None = None
         self.total = 0
@@ -252,7 +255,7 @@ class Live:
     def summary(self) -> str:
         """One line a person can read: phase, time so far, output so far and its last line."""
         elapsed = (self.ended or time.monotonic()) - self.started
-        text = f"{self.phase}, {elapsed:.0f} s"
+        text = f"{self.phase}{self.note()}, {elapsed:.0f} s"
         if self.total:
             text += f", {_size(self.total)} of output"
         line = self.last_line()

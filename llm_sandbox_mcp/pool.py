@@ -118,6 +118,17 @@ class Pool(Generic[K, T]):
             self._making[key] = self._making.get(key, 0) + 1
             self._tasks.start_soon(self._fill, key)
 
+    def drop(self, stale: Callable[[K], bool]) -> None:
+        """Forget the keys `stale` picks (sandboxes of an image no longer used): their ready items go now, and
+        items being made or lent for them are disposed of when they come back."""
+        for key in [key for key in self._ready if stale(key)]:
+            items = self._ready.pop(key)
+            self._target.pop(key, None)
+            self._used.pop(key, None)
+            for _, item in items:
+                if self._tasks is not None:
+                    self._tasks.start_soon(self._shielded_dispose, item)
+
     def _grow(self, key: K) -> None:
         """A call found `key` empty: keep more ready, up to the cap."""
         target = self._target.get(key, self._size)
@@ -252,14 +263,16 @@ class Pool(Generic[K, T]):
             items.insert(0, (made, item))
             return
         await self._shielded_dispose(item)
-        self.warm(key)
+        if items is not None:  # else the key was evicted or dropped meanwhile
+            self.warm(key)
 
     async def release(self, item: T, key: K | None = None) -> None:
         """Dispose of a used item, in the background unless the pool is closing; `key`: it was lent for it."""
         if key is not None:
             self._made.pop(id(item), None)
             self._returned(key)
-            self.warm(key)
+            if key in self._ready:  # else the key was evicted or dropped meanwhile
+                self.warm(key)
         if self._tasks is None or self._closed:
             await self._shielded_dispose(item)
             return

@@ -253,6 +253,6 @@ async def _prepare(executor: "Executor") -> None:
         swept = await executor.backend.sweep()
         if swept:
             logger.info("Removed %d sandboxes left by servers that are no longer running", swept)
-        executor.warm(get_language("python"))
+        await executor.warm(get_language("python"))
     except SandboxError as exc:
         logger.warning("%s", exc)

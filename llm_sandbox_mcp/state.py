@@ -221,7 +221,8 @@ class AppState:
         missing = self._missing(lang)
         if missing is not None:
             raise SandboxError(f"{lang.title} is not available on this server: {missing}")
-        image = self.settings.image_for(lang.name)
+        await executor.images.prepare(lang.name)
+        image = executor.images.image(lang.name)
         if image not in self.versions:
             self.versions[image] = await executor.probe(lang)
         version, libraries = self.versions[image]

@@ -36,10 +36,14 @@ def _read(name: str) -> bytes | None:
     return path.read_bytes() if path.is_file() else None
 
 
+def _specs(text: bytes | None) -> list[str]:
+    lines = [line.split("#", 1)[0].strip() for line in (text or b"").decode(errors="replace").splitlines()]
+    return [line for line in lines if line]
+
+
 def library_specs(language: str) -> list[str]:
-    """The pinned libraries the project image of `language` adds (its `<language>.txt`), in file order."""
-    text = (_read(f"{language}.txt") or b"").decode()
-    return [line.split("#", 1)[0].strip() for line in text.splitlines() if line.split("#", 1)[0].strip()]
+    """The pinned libraries the packaged project image of `language` adds (its `<language>.txt`), in file order."""
+    return _specs(_read(f"{language}.txt"))
 
 
 def library_name(spec: str) -> str:
@@ -59,6 +63,11 @@ class Recipe:
     libraries: bytes | None
 
     @property
+    def specs(self) -> list[str]:
+        """The libraries this recipe preinstalls (its `<language>.txt`), in file order."""
+        return _specs(self.libraries)
+
+    @property
     def digest(self) -> str:
         hashed = hashlib.sha256()
         for part in (self.language.encode(), self.base.encode(), self.dockerfile, self.libraries or b""):
@@ -74,7 +83,7 @@ class Recipe:
             LABEL + "language": self.language,
             RECIPE_LABEL: self.digest,
             BASE_LABEL: self.base,
-            LIBRARIES_LABEL: " ".join(library_specs(self.language)),
+            LIBRARIES_LABEL: " ".join(self.specs),
         }
         if base_id:
             labels[BASE_ID_LABEL] = base_id

@@ -1,6 +1,7 @@
 """Images as users get them, on every engine: the project images have the libraries agents import first,
 a bare official-like image says which `libraries` value fixes a missing import, and a missing project
-image is built once, at first use, through the engine's API.
+image is built once, in the background at first use (calls run on the base image meanwhile), by a detached
+`images build` process that drives the engine's API.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -20,7 +22,6 @@ from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import ImageMissing
 from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import get_language
-from llm_sandbox_mcp.models import Live
 from tests.engines.conftest import RecordingBackend, engine_settings, require
 
 pytestmark = pytest.mark.anyio
@@ -122,18 +123,16 @@ def fresh_base(request: pytest.FixtureRequest, engine: str) -> Iterator[str]:
 
 
 class RecordingBuilder(RecordingBackend):
-    """A real Docker or Podman backend that also builds images, counting its builds."""
+    """A real Docker or Podman backend that also builds images (the server checks images through it)."""
 
     def __init__(self, inner: ThreadedBuilder) -> None:
         super().__init__(inner)
         self.builder = inner
-        self.builds: list[str] = []
 
     async def image_info(self, image: str) -> ImageInfo | None:
         return await self.builder.image_info(image)
 
     async def build_image(self, build: ImageBuild, on_line: Callable[[str], None]) -> None:
-        self.builds.append(build.tag)
         await self.builder.build_image(build, on_line)
 
 
@@ -143,28 +142,24 @@ def _builder(engine: str, settings: Settings) -> RecordingBuilder:
     return RecordingBuilder(backend)
 
 
+async def _until(condition: Callable[[], bool], seconds: float = 300) -> None:
+    with anyio.fail_after(seconds):  # a bound for a hung engine, not a speed check
+        while not condition():  # noqa: ASYNC110 - what it waits for happens in another process
+            await anyio.sleep(0.2)
+
+
 @pytest.mark.parametrize("engine", BUILDING_ENGINES, indirect=True)
-async def test_a_missing_project_image_is_built_once_at_first_use_while_calls_wait(
-    request: pytest.FixtureRequest, engine: str, fresh_base: str
+async def test_a_missing_project_image_is_built_once_in_the_background_while_calls_run_on_the_base(
+    request: pytest.FixtureRequest, engine: str, fresh_base: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await require(request, engine)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # this test's own build locks and logs
     settings = engine_settings(engine, sandbox_image_ruby=fresh_base, sandbox_image_build_network="host")
     backend = _builder(engine, settings)
-    phases: list[str] = []
     results: list[str] = []
 
     async def call(executor: Executor) -> None:
-        live = Live()
-
-        async def watch() -> None:
-            while True:
-                phases.append(live.phase)
-                await anyio.sleep(0.02)
-
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(watch)
-            results.append((await executor.execute("puts 6 * 7", "ruby", live=live)).stdout.strip())
-            tasks.cancel_scope.cancel()
+        results.append((await executor.execute("puts 6 * 7", "ruby")).stdout.strip())
 
     try:
         async with Executor(settings, backend) as executor:
@@ -172,27 +167,18 @@ async def test_a_missing_project_image_is_built_once_at_first_use_while_calls_wa
                 for _ in range(3):
                     tasks.start_soon(call, executor)
             tag = images.recipe(settings, "ruby").tag
-            assert results == ["42"] * 3 and backend.builds == [tag]
-            assert any(phase.startswith("building the ruby project image") for phase in phases)
-            assert any(phase.startswith("waiting for the ruby project image") for phase in phases)
+            assert results == ["42"] * 3
+            builds = list(executor.images.builds.values())
+            assert [build.recipe.tag for build in builds] == [tag]  # one build for the three calls
+            await _until(lambda: executor.images.image("ruby") == tag)
+            assert builds[0].process is not None and builds[0].process.wait() == 0
+            assert (await executor.execute("puts 6 * 7", "ruby")).stdout == "42\n"
             image = await backend.image_info(tag)
             assert image is not None and image.labels[images.BASE_LABEL] == fresh_base
             base = await backend.image_info(fresh_base)
             assert base is not None and image.labels[images.BASE_ID_LABEL] == base.id
     finally:
         await backend.aclose()
-
-
-async def _first_use_failure(engine: str, settings: Settings, language: str) -> str:
-    """The error of the first call in `language`, whose project image cannot be built."""
-    backend = _builder(engine, settings)
-    try:
-        async with Executor(settings, backend) as executor:
-            with pytest.raises(ImageMissing) as failure:
-                await executor.execute(get_language(language).examples[0], language)
-    finally:
-        await backend.aclose()
-    return str(failure.value)
 
 
 @pytest.mark.parametrize("engine", BUILDING_ENGINES, indirect=True)
@@ -202,24 +188,42 @@ async def test_a_base_image_that_cannot_be_pulled_is_one_clear_line(
     await require(request, engine)
     base = f"localhost:9/llm-sandbox-absent:{secrets.token_hex(4)}"
     settings = engine_settings(engine, sandbox_image_ruby=base)
-    message = await _first_use_failure(engine, settings, "ruby")
-    assert message.startswith(f"Image {base!r} is not on the {engine.capitalize()} engine and could not be pulled")
-    assert "SANDBOX_IMAGE_RUBY" in message and "\n" not in message
+    backend = _builder(engine, settings)
+    try:
+        async with Executor(settings, backend) as executor:
+            with pytest.raises(ImageMissing) as failure:
+                await executor.execute(get_language("ruby").examples[0], "ruby")
+            assert executor.images.builds == {}  # nothing to build on
+    finally:
+        await backend.aclose()
+    message = str(failure.value)
+    assert message.startswith(f"Image {base!r} is not") and "could not be pulled" in message
+    assert "SANDBOX_IMAGE_*" in message and "\n" not in message
 
 
 @pytest.mark.parametrize("engine", BUILDING_ENGINES, indirect=True)
 @pytest.mark.parametrize("fresh_base", ["python"], indirect=True)
-async def test_a_project_image_that_cannot_be_built_is_a_clear_error_with_the_build_log(
-    request: pytest.FixtureRequest, engine: str, fresh_base: str
+async def test_a_project_image_that_cannot_be_built_leaves_calls_on_the_base_saying_why(
+    request: pytest.FixtureRequest, engine: str, fresh_base: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await require(request, engine)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     settings = engine_settings(
         engine,
         sandbox_image_python=fresh_base,
         sandbox_image_build_network="host",
         sandbox_pip_index_url="http://127.0.0.1:9/simple",  # nothing listens there: pip fails
     )
-    message = await _first_use_failure(engine, settings, "python")
-    assert message.startswith("The python project image") and "could not be built" in message
-    assert "pip install" in message  # the last lines of the build
-    assert "images build --language python" in message and "SANDBOX_PROJECT_IMAGES=false" in message
+    backend = _builder(engine, settings)
+    try:
+        async with Executor(settings, backend) as executor:
+            assert (await executor.execute("print(1)", "python")).stdout == "1\n"
+            await _until(lambda: executor.images.builds["python"].failed is not None)
+            result = await executor.execute("import numpy", "python")
+    finally:
+        await backend.aclose()
+    assert result.exit_code == 1 and "ModuleNotFoundError" in result.stderr
+    hint = result.stderr.split("[hint: ", 1)[1]
+    assert hint.startswith("'numpy' comes with the python project image, which is not ready yet: the python project")
+    assert "could not be built (Docker's build of" in hint or "could not be built (Podman's build of" in hint
+    assert "images build --language python` shows the whole build" in hint and 'libraries=["numpy"]' in hint

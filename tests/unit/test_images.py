@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,14 +15,18 @@ from typing import Any
 import anyio
 import pytest
 from mcp import Client
+from mcp.shared.dispatcher import ProgressFnT
+from mcp_types import CallToolResult, TextContent
 
 from llm_sandbox_mcp import cli, images
 from llm_sandbox_mcp.backends import ImageBuild, ImageInfo
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.hints import missing_library, missing_library_hint
+from llm_sandbox_mcp.images.detached import BuildFiles
 from llm_sandbox_mcp.languages import LANGUAGES
 from llm_sandbox_mcp.server import build_server
-from tests.support.fakes import FakeBackend
+from llm_sandbox_mcp.state import AppState
+from tests.support.fakes import FakeBackend, ok
 
 
 @pytest.mark.parametrize("language", sorted(LANGUAGES))
@@ -140,19 +146,78 @@ class BuildingBackend(FakeBackend):
         self.built.append(build.tag)
 
 
+def _payload(result: CallToolResult) -> dict[str, Any]:
+    first = result.content[0]
+    assert isinstance(first, TextContent)
+    return json.loads(first.text)
+
+
+async def _call(
+    client: Client, arguments: dict[str, Any], on_progress: ProgressFnT, results: list[CallToolResult]
+) -> None:
+    results.append(await client.call_tool("execute_code", arguments, progress_callback=on_progress))
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    while not condition():  # noqa: ASYNC110 - what it waits for happens in another process
+        await anyio.sleep(0.01)
+
+
 @pytest.mark.anyio
-async def test_a_call_that_waits_for_the_first_build_reports_it_as_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_calls_run_on_the_base_image_while_the_project_image_is_built_and_switch_once_it_is(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The build process stands in for the detached `images build` (the engine tier runs the real one)."""
     monkeypatch.setattr("llm_sandbox_mcp.jobs.PROGRESS_EVERY", 0.01)
+    monkeypatch.setattr("llm_sandbox_mcp.images.background.POLL_SECONDS", 0.01)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     backend = BuildingBackend()
+    processes: list[subprocess.Popen[bytes]] = []
+
+    def start(settings: Settings, engine: str, recipe: images.Recipe, files: BuildFiles) -> subprocess.Popen[bytes]:
+        files.log.parent.mkdir(parents=True, exist_ok=True)
+        files.log.write_text("Step 2/3 : RUN pip install\nDownloading numpy\n")
+        process = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+        processes.append(process)
+        return process
+
+    monkeypatch.setattr("llm_sandbox_mcp.images.background.start", start)
     messages: list[str] = []
+    note = "on the base image python:3.12-slim: the python project image is being built in the background"
+    noted = anyio.Event()
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         messages.append(message or "")
+        if note in (message or "") and "step 2/3: Downloading numpy" in (message or ""):
+            noted.set()
 
-    async with Client(build_server(Settings(sandbox_pool_size=0), backend)) as client:
-        with anyio.fail_after(10):
-            result = await client.call_tool("execute_code", {"code": "print(1)"}, progress_callback=on_progress)
-    assert not result.is_error
-    assert backend.built == [images.recipe(Settings(), "python").tag]
-    assert any(message.startswith("building the python project image") for message in messages), messages
-    assert [spec.image for spec in backend.created] == backend.built
+    settings = Settings(sandbox_pool_size=0)
+    tag = images.recipe(settings, "python").tag
+    state = AppState(settings)
+    missing = b"Traceback ...\nModuleNotFoundError: No module named 'numpy'\n"
+    backend.handler = lambda call: ok(stderr=missing, exit_code=1) if b"numpy" in call.stdin else ok(b"1\n")
+    try:
+        async with Client(build_server(settings, backend, state)) as client:
+            with anyio.fail_after(10):
+                results: list[CallToolResult] = []
+                backend.gate = anyio.Event()  # the run lasts until the progress said what happens
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(lambda: _call(client, {"code": "print(1)"}, on_progress, results))
+                    await noted.wait()
+                    backend.gate.set()
+                assert _payload(results[0])["status"] == "finished" and _payload(results[0])["stdout"] == "1\n"
+                assert backend.created[-1].image == "python:3.12-slim" and len(processes) == 1
+                numpy = _payload(await client.call_tool("execute_code", {"code": "import numpy"}))
+                assert "'numpy' comes with the python project image, which is not ready yet" in numpy["stderr"]
+                assert 'Call again with libraries=["numpy"]' in numpy["stderr"]
+                backend.built.append(tag)  # the build process tagged it, and ends
+                assert processes[0].stdin is not None
+                processes[0].stdin.close()
+                await _until(lambda: state.executor.images.image("python") == tag)
+                after = _payload(await client.call_tool("execute_code", {"code": "import numpy"}))
+                assert backend.created[-1].image == tag and "comes with the python project image" not in after["stderr"]
+        assert len(processes) == 1
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()

@@ -101,3 +101,24 @@ async def test_a_lent_item_is_not_replaced_and_comes_back_only_when_ready_again(
         await wait_all_tasks_blocked()
         # Not ready again: disposed of, and a fresh one made in its place.
         assert maker.disposed == [first] and maker.made == [0, 1] and pool.sizes()["python"] == (1, 0, 1)
+
+
+async def test_dropped_keys_lose_their_ready_items_and_a_lent_one_is_not_kept_or_replaced() -> None:
+    """What the executor does once a project image is built: the base image's sandboxes go for good."""
+    maker = Maker()
+    async with Pool(maker.make, maker.dispose, size=1) as pool:
+        pool.warm("base")
+        pool.warm("other")
+        await wait_all_tasks_blocked()
+        lent = await pool.acquire("base", lend=True)
+        await wait_all_tasks_blocked()
+        pool.drop(lambda key: key == "base")
+        await wait_all_tasks_blocked()
+
+        async def ready(item: int) -> bool:
+            return True
+
+        await pool.recycle("base", lent, ready)
+        await wait_all_tasks_blocked()
+        assert "base" not in pool.sizes() and pool.sizes()["other"] == (1, 0, 1)
+        assert lent in maker.disposed and len(maker.made) == 2  # nothing made again for the dropped key
