@@ -1,13 +1,15 @@
 """An exclusive lock on a file, held across processes: `flock` on POSIX, `msvcrt.locking` on Windows.
 
 Both are advisory between cooperating processes and released by the operating system when the holder exits,
-so a server that is killed never leaves the lock taken. Blocking: callers run it in worker threads.
+so a process that is killed never leaves the lock taken. `locked` waits for the lock (callers run it in worker
+threads); `ProcessLock` only tries, and may be held for a process's whole life (an image build's).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import sys
 from collections.abc import Generator
 from pathlib import Path
@@ -26,6 +28,13 @@ if sys.platform == "win32":
                 continue
             return
 
+    def _try_lock(fd: int) -> bool:
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        except OSError:
+            return False
+        return True
+
     def _unlock(fd: int) -> None:
         msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
 
@@ -34,6 +43,13 @@ else:
 
     def _lock(fd: int) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX)
+
+    def _try_lock(fd: int) -> bool:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
 
     def _unlock(fd: int) -> None:
         fcntl.flock(fd, fcntl.LOCK_UN)
@@ -51,3 +67,43 @@ def locked(path: Path) -> Generator[None]:
         finally:
             handle.seek(0)
             _unlock(handle.fileno())
+
+
+class ProcessLock:
+    """The lock on `path`, taken without waiting and kept until `release` or the process's end."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> bool:
+        """Take the lock unless another process holds it; True when this one holds it now."""
+        if self._fd is not None:
+            return True
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        os.lseek(fd, 0, os.SEEK_SET)  # msvcrt locks from the current position: the first byte, as `locked` does
+        if not _try_lock(fd):
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            os.lseek(fd, 0, os.SEEK_SET)
+            _unlock(fd)
+        finally:
+            os.close(fd)
+
+    def held_elsewhere(self) -> bool:
+        """Whether another process holds the lock now."""
+        if self._fd is not None:
+            return False
+        if not self.acquire():
+            return True
+        self.release()
+        return False

@@ -14,9 +14,9 @@ from llm_sandbox_mcp import images
 from llm_sandbox_mcp.backends import Backend, ImageBuilder, select_backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxError
+from llm_sandbox_mcp.file_lock import ProcessLock
 from llm_sandbox_mcp.images.build import Status, build, status
 from llm_sandbox_mcp.images.detached import FAILED_PREFIX, BuildFiles
-from llm_sandbox_mcp.images.lock import BuildLock
 from llm_sandbox_mcp.languages import LANGUAGES
 
 
@@ -112,7 +112,7 @@ async def _build(settings: Settings, builder: ImageBuilder, engine: str, current
     another `images build`), wait for that one and build only if it ended without the image."""
     recipe = current.recipe
     files = BuildFiles.of(engine, recipe)
-    lock = BuildLock(files.lock)
+    lock = ProcessLock(files.lock)
     if not lock.acquire():
         sys.stderr.write(f"== {recipe.tag}: another process is building it (its log: {files.log}); waiting\n")
         while not lock.acquire():  # noqa: ASYNC110 - held by another process: nothing here could set an event

@@ -2,7 +2,7 @@
 
 No call waits for a project image: where a language's is missing or stale, its calls run on the base image
 (SANDBOX_IMAGE_*) while a detached `images build` process builds it (`images.detached`), one per image on this
-host (`images.lock`). A server that finds such a build running, its own from before a restart or another
+host (`file_lock.ProcessLock`). A server that finds such a build running, its own from before a restart or another
 server's, follows it rather than starting another. Once the image is there, new sandboxes use it and the
 server drops those it made ready on the base image (`switched`). A build that fails leaves calls on the base
 image, says why in their notes, and is tried again after a while.

@@ -1,6 +1,6 @@
 """A project image built in a process of its own: `llm-sandbox-mcp images build --language X`, started detached
 (a new session on POSIX, DETACHED_PROCESS on Windows) so that it outlives the server that started it (an MCP
-client closing its server mid-build loses nothing), under the image's `BuildLock`, its output in a log file that
+client closing its server mid-build loses nothing), under the image's `ProcessLock`, its output in a log file that
 any server on this host reads for progress.
 
 Where the lock and log live: beside the library cache index, named after the engine and the recipe.
@@ -17,8 +17,8 @@ from pathlib import Path
 
 from llm_sandbox_mcp.cache_index import cache_home
 from llm_sandbox_mcp.config import Settings, env_name
+from llm_sandbox_mcp.file_lock import ProcessLock
 from llm_sandbox_mcp.images import Recipe
-from llm_sandbox_mcp.images.lock import BuildLock
 from llm_sandbox_mcp.models import one_line
 
 _TAIL_BYTES = 8192
@@ -41,7 +41,7 @@ class BuildFiles:
 
     def locked(self) -> bool:
         """Whether a process builds this image now."""
-        return BuildLock(self.lock).held_elsewhere()
+        return ProcessLock(self.lock).held_elsewhere()
 
     def tail(self) -> list[str]:
         """The last lines of the log (text a build printed: shown only as single, cleaned lines)."""

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.file_lock import ProcessLock
 from llm_sandbox_mcp.images.detached import BuildFiles, settings_env
-from llm_sandbox_mcp.images.lock import BuildLock
 
 _HOLD = """
 import sys
 from pathlib import Path
-from llm_sandbox_mcp.images.lock import BuildLock
-assert BuildLock(Path(sys.argv[1])).acquire()
+from llm_sandbox_mcp.file_lock import ProcessLock
+assert ProcessLock(Path(sys.argv[1])).acquire()
 print("held", flush=True)
 sys.stdin.read()
 """
@@ -29,7 +29,7 @@ def test_a_build_lock_is_held_while_its_process_lives_and_free_once_it_ends_howe
     with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as holder:
         try:
             assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-            here = BuildLock(path)
+            here = ProcessLock(path)
             assert here.held_elsewhere() and not here.acquire()
             holder.kill()  # no release: the operating system drops the lock with the process
             holder.wait()
