@@ -227,15 +227,17 @@ remote_project_tags() { # remote_project_tags ENGINE ENV...: the project images 
 }
 
 step_remote_project_images() { # the project images built on the main engines, copied; the seccomp profile
-  local engine env=() tags lang
+  local engine env=() tags lang job jobs=()
   [[ -n $CLI ]] || return 0
   for lang in "${LANGUAGES[@]}"; do env+=("SANDBOX_IMAGE_${lang^^}=${IMAGE[$lang]}"); done
   for engine in docker podman; do
     mapfile -t tags < <(remote_project_tags "$engine" "${env[@]}")
     ((${#tags[@]} == ${#LANGUAGES[@]})) ||
       die "$CLI images list named ${#tags[@]} project images on $engine" "$LOGDIR/remote-project-images.log"
-    copy_to_remote "$engine" "${tags[@]}"
+    copy_to_remote "$engine" "${tags[@]}" &
+    jobs+=($!)
   done
+  for job in "${jobs[@]}"; do wait "$job" || exit 1; done
   # Temporary (see REMOTE_SECCOMP_PROFILE).
   "$CLI" seccomp-profile >"$REMOTE_ROOTFS$REMOTE_SECCOMP_PROFILE.new" &&
     mv "$REMOTE_ROOTFS$REMOTE_SECCOMP_PROFILE.new" "$REMOTE_ROOTFS$REMOTE_SECCOMP_PROFILE"
