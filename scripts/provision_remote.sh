@@ -35,6 +35,10 @@ remote_recipe() { # what the root filesystem depends on, hashed
   { printf '%s\n' "$BASE_ID" "${REMOTE_PACKAGES[*]}"; remote_containers_conf; } | sha256sum | cut -d' ' -f1
 }
 
+remote_start_recipe() { # remote_start_recipe ENGINE: how the engine is started, hashed
+  { printf '%s\n' "$REMOTE_NAMESPACE"; remote_command "$1"; } | sha256sum | cut -d' ' -f1
+}
+
 remote_sock() { printf '%s/%s.sock\n' "$REMOTE_RUN" "$1"; }
 
 remote_up() { # remote_up docker|podman: the engine answers on its socket
@@ -58,10 +62,11 @@ remote_kill_leftovers() { # remote_kill_leftovers ENGINE: end what is left in a 
   for proc in /proc/[0-9]*; do
     if [[ $(readlink "$proc/ns/mnt" 2>/dev/null) == "$ns" ]]; then kill -9 "${proc#/proc/}" 2>/dev/null || true; fi
   done
-  rm -f "$REMOTE_STATE/$1.mntns" "$REMOTE_STATE/$1.pid"
+  rm -f "$REMOTE_STATE/$1.mntns" "$REMOTE_STATE/$1.pid" "$REMOTE_STATE/$1.recipe"
 }
 
-# Run by `unshare -m` as "sh -c SCRIPT sh ROOTFS SHARED COMMAND...": the engine's own view of the machine.
+# Run by `unshare -m` as "sh -c SCRIPT sh ROOTFS SHARED COMMAND...": the engine's own view of the machine. Its
+# own /dev/shm too: Podman keeps its lock table there (libpod_lock), which the main Podman service must not share.
 # shellcheck disable=SC2016 # expanded by that sh
 REMOTE_NAMESPACE='set -e
 root=$1 shared=$2
@@ -70,6 +75,7 @@ mount --bind "$root" "$root"
 mount -t proc proc "$root/proc"
 mount --rbind /sys "$root/sys"
 mount --rbind /dev "$root/dev"
+mount -t tmpfs -o mode=1777 tmpfs "$root/dev/shm"
 mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
 for dir in root home run; do mount -t tmpfs -o mode=0755 tmpfs "$root/$dir"; done
 mkdir -p "$root$shared" "$root/.host"
@@ -85,13 +91,13 @@ remote_command() { # remote_command docker|podman: the engine's command line ins
   case $1 in
     docker) printf '%s\n' /usr/sbin/dockerd -H "unix://$(remote_sock docker)" --data-root /var/lib/docker \
       --exec-root /run/docker --pidfile /run/docker.pid --iptables=false --ip6tables=false --bridge=none \
-      --cgroup-parent=llm-sandbox-remote-docker ;;
+      --cgroup-parent=llm-sandbox-remote-docker --group root ;;
     podman) printf '%s\n' /usr/bin/podman system service --time=0 "unix://$(remote_sock podman)" ;;
   esac
 }
 
 start_remote() { # start_remote docker|podman
-  local engine=$1 t0=$EPOCHREALTIME pid command
+  local engine=$1 t0=$EPOCHREALTIME pid command done=started
   pid=$(remote_pid "$engine")
   if [[ -z $pid ]]; then
     remote_kill_leftovers "$engine"
@@ -105,10 +111,14 @@ start_remote() { # start_remote docker|podman
     # The namespace is made by the process itself: note it once it differs from ours.
     wait_for 10 remote_ns_differs "$pid" || die "the $engine engine did not enter its namespace" "$LOGDIR/remote-$engine.log"
     readlink "/proc/$pid/ns/mnt" >"$REMOTE_STATE/$engine.mntns"
+    remote_start_recipe "$engine" >"$REMOTE_STATE/$engine.recipe"
+  else
+    say "remote: $engine (pid $pid) is running but not answering yet; waiting"
+    done=waited for
   fi
   wait_for 60 remote_up "$engine" || die "the current $engine engine did not answer on $(remote_sock "$engine")" \
     "$LOGDIR/remote-$engine.log"
-  say "remote: started $engine $(remote_version "$engine") on $(remote_sock "$engine") ($(elapsed "$t0"))"
+  say "remote: $done $engine $(remote_version "$engine") on $(remote_sock "$engine") ($(elapsed "$t0"))"
 }
 
 remote_ns_differs() {
@@ -205,7 +215,11 @@ step_remote_engines() {
     build_remote_rootfs
   fi
   for engine in docker podman; do
-    if remote_up "$engine" && [[ -n $(remote_pid "$engine") ]]; then
+    if [[ -n $(remote_pid "$engine") && $(cat "$REMOTE_STATE/$engine.recipe" 2>/dev/null) != "$(remote_start_recipe "$engine")" ]]; then
+      say "remote: restarting $engine: how it is started has changed"
+      stop_remote "$engine"
+    fi
+    if remote_up "$engine"; then
       say "remote: $engine $(remote_version "$engine") answering on $(remote_sock "$engine")"
     else
       start_remote "$engine"
