@@ -45,11 +45,11 @@ remote_up() { # remote_up docker|podman: the engine answers on its socket
   curl -fsS --max-time 5 --unix-socket "$(remote_sock "$1")" http://d/_ping >/dev/null 2>&1
 }
 
-remote_pid() { # print the pid of the engine this script started, if it still runs in the namespace it made
-  local pid="" ns=""
+remote_pid() { # print the pid of the engine this script started, if it still runs
+  local pid=""
   if [[ -r $REMOTE_STATE/$1.pid ]]; then pid=$(<"$REMOTE_STATE/$1.pid"); fi
-  if [[ -r $REMOTE_STATE/$1.mntns ]]; then ns=$(<"$REMOTE_STATE/$1.mntns"); fi
-  if [[ $pid =~ ^[0-9]+$ && -n $ns && $(readlink "/proc/$pid/ns/mnt" 2>/dev/null) == "$ns" ]]; then
+  # Its command line names its socket: a pid reused by another process does not.
+  if [[ $pid =~ ^[0-9]+$ ]] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "unix://$(remote_sock "$1")"; then
     printf '%s\n' "$pid"
   fi
 }
@@ -108,9 +108,6 @@ start_remote() { # start_remote docker|podman
       sh -c "$REMOTE_NAMESPACE" sh "$REMOTE_ROOTFS" "$REMOTE_RUN" "${command[@]}"
     pid=$!
     printf '%s\n' "$pid" >"$REMOTE_STATE/$engine.pid"
-    # The namespace is made by the process itself: note it once it differs from ours.
-    wait_for 10 remote_ns_differs "$pid" || die "the $engine engine did not enter its namespace" "$LOGDIR/remote-$engine.log"
-    readlink "/proc/$pid/ns/mnt" >"$REMOTE_STATE/$engine.mntns"
     remote_start_recipe "$engine" >"$REMOTE_STATE/$engine.recipe"
   else
     say "remote: $engine (pid $pid) is running but not answering yet; waiting"
@@ -118,13 +115,9 @@ start_remote() { # start_remote docker|podman
   fi
   wait_for 60 remote_up "$engine" || die "the current $engine engine did not answer on $(remote_sock "$engine")" \
     "$LOGDIR/remote-$engine.log"
+  # Noted once it answers: the namespace read right after the start was not always the one Podman ends up in.
+  readlink "/proc/$pid/ns/mnt" >"$REMOTE_STATE/$engine.mntns"
   say "remote: $done $engine $(remote_version "$engine") on $(remote_sock "$engine") ($(elapsed "$t0"))"
-}
-
-remote_ns_differs() {
-  local ns
-  ns=$(readlink "/proc/$1/ns/mnt" 2>/dev/null) || return 1
-  [[ $ns != "$(readlink /proc/self/ns/mnt)" ]]
 }
 
 remote_version() { # remote_version docker|podman
