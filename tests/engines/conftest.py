@@ -7,18 +7,18 @@ so CI can never pass by skipping.
 and Podman 5) whose filesystem the server cannot see, as with Docker Desktop's VM, Colima, Podman machine or a
 remote DOCKER_HOST: `scripts/provision_remote.sh` starts them in mount namespaces of their own, sharing only their
 sockets. `tests/engines/test_remote.py` proves both facts, so these parameters cannot silently run on the
-home-ground engines. They run only the tests REMOTE_TESTS names (the rest is
-deselected, not skipped), chosen to add at most about 6 minutes to CI. Measured on this 2-core machine, shared and
-loaded: the whole candidate modules on both engines cost contract 2.7 min, sessions 1.2, languages 4.5, hostile over
-5; the selection below (92 tests) about 5.5 minutes:
+home-ground engines. They run only the tests REMOTE_TESTS names (the rest is deselected, not skipped), chosen to
+add at most about 6 minutes to CI. Measured on this 2-core machine, shared and loaded: the candidate modules whole,
+on both engines, cost contract 2.7 min, sessions 1.2, languages 4.5, hostile over 5; the selection (92 tests) took
+4.5 and 5.5 minutes in two runs (per module below, the range of the two):
 - the contract, minus what runs the same server code whatever the engine (line numbers, exit codes, UTF-8, huge
   code, the environment, figures, concurrency): what a newer engine API could change, i.e. limits, capabilities,
-  seccomp, read-only root, network none, kills, files back, installs (about 130 s for both engines);
-- sessions and files, minus path validation, which never reaches the engine (40 s);
+  seccomp, read-only root, network none, kills, files back, installs (65-150 s);
+- sessions and files, minus path validation, which never reaches the engine (30-42 s);
 - languages: every language's hello world, which proves each project image runs there, and one installer other
-  than pip's (npm's) (22 s; the whole module cost 4.5 minutes);
-- egress: an install through the proxy and a session's hosts (10 s, failing fast today);
-- hostile: the bombs, devices, links, pid 1, orphans, secrets and the egress proxy (80 s).
+  than pip's, npm's (15-22 s; the whole module cost 4.5 minutes);
+- egress: an install through the proxy and a session's hosts (4-10 s, failing fast today);
+- hostile: the bombs, devices, links, pid 1, orphans, secrets and the egress proxy (80-145 s).
 Installs, sessions with hosts and the compiled languages' build-cache step fail on these engines until the egress
 proxy reaches sandboxes without a path of the server's filesystem: selected anyway, that is what they are for.
 """
