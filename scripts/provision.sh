@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Turn a Debian 12 machine (run as root) into one where every engine test of llm-sandbox-mcp
 # can run: the Docker and Podman engines, bubblewrap with the host language runtimes, and
-# local stand-ins for the official language images the product uses by default. No image
+# local stand-ins for the official language images the product uses by default; beside them, a current
+# Docker and Podman that cannot see this machine's filesystem (provision_remote.sh). No image
 # registry is reachable here, so the images are built from a debootstrapped Debian root
 # filesystem and tagged with the official names.
 #
@@ -588,7 +589,8 @@ main() {
 
   for lang in "${LANGUAGES[@]}"; do images+=("${IMAGE[$lang]}"); done
   say "ready in $(elapsed "$START"): docker $(docker version --format '{{.Server.Version}}')," \
-    "podman $(podman --version | awk '{ print $NF }'), bwrap $(bwrap --version | awk '{ print $NF }');" \
+    "podman $(podman --version | awk '{ print $NF }'), bwrap $(bwrap --version | awk '{ print $NF }')," \
+    "across a filesystem boundary docker $(remote_version docker) and podman $(remote_version podman);" \
     "images on $BASE (docker+podman): ${images[*]}"
 }
 
