@@ -49,18 +49,22 @@ remote_pid() { # print the pid of the engine this script started, if it still ru
   local pid=""
   if [[ -r $REMOTE_STATE/$1.pid ]]; then pid=$(<"$REMOTE_STATE/$1.pid"); fi
   # Its command line names its socket: a pid reused by another process does not.
-  if [[ $pid =~ ^[0-9]+$ ]] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "unix://$(remote_sock "$1")"; then
+  if [[ $pid =~ ^[0-9]+$ ]] && tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -qF "unix://$(remote_sock "$1")"; then
     printf '%s\n' "$pid"
   fi
 }
 
 remote_kill_leftovers() { # remote_kill_leftovers ENGINE: end what is left in a dead engine's mount namespace
-  local ns="" proc
+  local ns="" proc root
   if [[ -r $REMOTE_STATE/$1.mntns ]]; then ns=$(<"$REMOTE_STATE/$1.mntns"); fi
   [[ -n $ns ]] || return 0
-  # Its containerd (Docker's) or conmon processes would hold the data root's locks against a new engine.
+  root=$(stat -c '%d:%i' "$REMOTE_ROOTFS")
+  # Its containerd (Docker's) or conmon processes would hold the data root's locks against a new engine. The
+  # kernel reuses a freed namespace's number, so a process must also have the engines' root filesystem as its /.
   for proc in /proc/[0-9]*; do
-    if [[ $(readlink "$proc/ns/mnt" 2>/dev/null) == "$ns" ]]; then kill -9 "${proc#/proc/}" 2>/dev/null || true; fi
+    if [[ $(readlink "$proc/ns/mnt" 2>/dev/null) == "$ns" && $(stat -L -c '%d:%i' "$proc/root" 2>/dev/null) == "$root" ]]; then
+      kill -9 "${proc#/proc/}" 2>/dev/null || true
+    fi
   done
   rm -f "$REMOTE_STATE/$1.mntns" "$REMOTE_STATE/$1.pid" "$REMOTE_STATE/$1.recipe"
 }
