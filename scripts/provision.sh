@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Turn a Debian 12 machine (run as root) into one where every engine test of llm-sandbox-mcp
 # can run: the Docker and Podman engines, bubblewrap with the host language runtimes, and
-# local stand-ins for the official language images the product uses by default. No image
+# local stand-ins for the official language images the product uses by default; beside them, a current
+# Docker and Podman that cannot see this machine's filesystem (provision_remote.sh). No image
 # registry is reachable here, so the images are built from a debootstrapped Debian root
 # filesystem and tagged with the official names.
 #
@@ -37,6 +38,8 @@ DEBOOTSTRAP_ARGS=(--variant=minbase --components=main --include=ca-certificates,
 
 # shellcheck source=provision_nsjail.sh
 source "$SCRIPT_DIR/provision_nsjail.sh"
+# shellcheck source=provision_remote.sh
+source "$SCRIPT_DIR/provision_remote.sh"
 
 DEFAULTS="$SCRIPT_DIR/../llm_sandbox_mcp/defaults.py"
 # The images and the sandbox user come from the package's one table of them, read without Python.
@@ -70,7 +73,7 @@ HOST_ENGINE_PACKAGES=(docker.io podman runc bubblewrap debootstrap uidmap curl c
 HOST_RUNTIME_PACKAGES=(python3 python3-pip python3-venv python3-numpy python3-matplotlib
   nodejs npm golang-go g++ default-jdk-headless r-base-core r-cran-ggplot2 ruby tar)
 HOST_COMMANDS=(dockerd docker podman runc bwrap debootstrap curl python3 pip3 node npm go g++
-  java Rscript ruby tar setsid flock)
+  java Rscript ruby tar setsid flock unshare pivot_root chroot)
 APT_OPTIONS=(-qq -y -o Dpkg::Use-Pty=0 -o DPkg::Lock::Timeout=300)
 
 # The legacy builder: Debian's engine (20.10) comes without buildx, and it needs no
@@ -579,12 +582,15 @@ main() {
   step_nsjail
   step_base
   step_images
+  step_remote_engines
   step_project_images
+  step_remote_project_images
   step_smoke
 
   for lang in "${LANGUAGES[@]}"; do images+=("${IMAGE[$lang]}"); done
   say "ready in $(elapsed "$START"): docker $(docker version --format '{{.Server.Version}}')," \
-    "podman $(podman --version | awk '{ print $NF }'), bwrap $(bwrap --version | awk '{ print $NF }');" \
+    "podman $(podman --version | awk '{ print $NF }'), bwrap $(bwrap --version | awk '{ print $NF }')," \
+    "across a filesystem boundary docker $(remote_version docker) and podman $(remote_version podman);" \
     "images on $BASE (docker+podman): ${images[*]}"
 }
 

@@ -46,7 +46,7 @@ CASES = (
     ]
     + [
         pytest.param(engine, "python", marks=getattr(pytest.mark, engine), id=f"{engine}-python")
-        for engine in ("podman", "bubblewrap", "nsjail", "kubernetes")
+        for engine in ("podman", "bubblewrap", "nsjail", "kubernetes", "docker-remote", "podman-remote")
     ]
     + [pytest.param("kubernetes", "javascript", marks=pytest.mark.kubernetes, id="kubernetes-javascript")]
 )
@@ -113,7 +113,7 @@ async def _executor(
     """An executor whose installers go through the egress proxy; the stores of `specs` are dropped after."""
     await require(request, engine)
     configured = engine_settings(engine, sandbox_install_network_mode=None, **settings)
-    backend = load_backend(engine, configured)
+    backend = load_backend(configured.backend, configured)
     try:
         async with Executor(configured, backend) as executor:
             yield executor
@@ -176,7 +176,10 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
 
 @pytest.mark.parametrize(
     "engine",
-    [pytest.param(e, marks=getattr(pytest.mark, e)) for e in ("docker", "bubblewrap", "nsjail", "kubernetes")],
+    [
+        pytest.param(e, marks=getattr(pytest.mark, e))
+        for e in ("docker", "bubblewrap", "nsjail", "kubernetes", "docker-remote", "podman-remote")
+    ],
 )
 async def test_a_session_reaches_its_hosts_and_nothing_else(
     request: pytest.FixtureRequest, registries: Registries, engine: str

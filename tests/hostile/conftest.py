@@ -17,6 +17,7 @@ from tests.engines.conftest import backend as backend
 from tests.engines.conftest import engine as engine
 from tests.engines.conftest import executor as executor
 from tests.engines.conftest import kube_double_stopped as kube_double_stopped
+from tests.engines.conftest import pytest_collection_modifyitems as pytest_collection_modifyitems
 from tests.engines.conftest import registry as registry
 
 _MARGIN = 256 * 1024**2
