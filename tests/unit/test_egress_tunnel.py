@@ -1,21 +1,21 @@
 """The server's end of the egress tunnel against a relay that lies: its output is written by a fake relay here
 (the protocol is pure code; the real relay in a real pod is in tests/engines/test_egress.py and
-tests/hostile/test_egress.py), and the proxy's end is a real UNIX socket that echoes and counts connections."""
+tests/hostile/test_egress.py), and the proxy's end is a real socket pair per stream, handed over in-process as
+the proxy does, whose far end echoes and counts connections."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
+import socket
 from collections.abc import AsyncGenerator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import anyio
 import pytest
 from anyio.abc import SocketStream
 
 from llm_sandbox_mcp.backends._kubernetes.pod import NETWORK_LABEL, PodOptions, pod_manifest
+from llm_sandbox_mcp.egress import EgressPolicy, open_listener
 from llm_sandbox_mcp.egress import tunnel as tunnel_module
 from llm_sandbox_mcp.egress.tunnel import (
     CLOSE,
@@ -138,22 +138,30 @@ async def until(condition: Callable[[], bool]) -> None:
 
 @asynccontextmanager
 async def tunnel() -> AsyncGenerator[tuple[FakeRelay, Tunnel, Proxy]]:
-    directory = Path(tempfile.mkdtemp(prefix="tunnel-"))  # short: a socket path has at most 107 bytes
     proxy = Proxy()
-    try:
-        async with (
-            await anyio.create_unix_listener(directory / "proxy.sock") as listener,
-            anyio.create_task_group() as tasks,
-        ):
-            tasks.start_soon(listener.serve, proxy.serve)
-            async with Tunnels() as tunnels:
-                relay = FakeRelay()
-                opened = await tunnels.open(relay, directory / "proxy.sock", "a test sandbox", b"")
-                yield relay, opened, proxy
-                await opened.aclose()
-            tasks.cancel_scope.cancel()
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    async with anyio.create_task_group() as tasks:
+
+        async def connect() -> SocketStream:
+            ours, theirs = socket.socketpair()
+            try:
+                served = await SocketStream.from_socket(ours)
+            except BaseException:
+                ours.close()
+                theirs.close()
+                raise
+            tasks.start_soon(proxy.serve, served)
+            try:
+                return await SocketStream.from_socket(theirs)
+            except BaseException:
+                theirs.close()
+                raise
+
+        async with Tunnels() as tunnels:
+            relay = FakeRelay()
+            opened = await tunnels.open(relay, connect, "a test sandbox", b"")
+            yield relay, opened, proxy
+            await opened.aclose()
+        tasks.cancel_scope.cancel()
 
 
 async def test_a_stream_carries_both_ways_and_closes_after_both_ends() -> None:
@@ -305,13 +313,12 @@ async def test_a_relay_is_alive_while_it_answers(monkeypatch: pytest.MonkeyPatch
 async def test_tunnels_refuse_to_open_outside_their_context() -> None:
     relay = FakeRelay()
     with pytest.raises(SandboxFailure, match="not running"):
-        await Tunnels().open(relay, Path("/nonexistent"), "a test sandbox")
+        await Tunnels().open(relay, open_listener(EgressPolicy.of([], "-"), "-").connect, "a test sandbox")
     await relay.aclose()
 
 
-def test_a_pod_never_mounts_the_egress_directory() -> None:
-    spec = SandboxSpec("image", Limits(), egress="/tmp/llm-sandbox-egress-x")
+def test_a_pod_that_may_reach_the_proxy_mounts_no_host_path() -> None:
+    spec = SandboxSpec("image", Limits(), egress=True)
     manifest = pod_manifest("pod", spec, {}, {}, PodOptions())
-    assert "llm-sandbox-egress" not in repr(manifest)
     assert all("hostPath" not in volume for volume in manifest["spec"]["volumes"])
     assert manifest["metadata"]["labels"][NETWORK_LABEL] == "none"  # under the deny-all NetworkPolicy
