@@ -148,21 +148,13 @@ class PodmanEngine:
         api = self._podman().api
         with _failing(f"create a sandbox from {spec.image!r}", seccomp_hint=True):
             self._ensure_image(spec.image)
-            ours = seccomp.ours_applies(spec.limits.security_opt, spec.limits.privileged)
-            profile = self._seccomp_profile(spec.image, spec.forks) if ours else None
-            try:
-                body = container_spec(spec, _owner.owner_labels(), profile)
-            except ValueError as exc:
-                raise SandboxFailure(str(exc)) from exc
             if spec.cache is not None and spec.cache.writable:
                 self._prepare_cache(spec)
             try:
-                response = api.post("/containers/create", data=json.dumps(body), headers=_JSON)
-                response.raise_for_status(not_found=ImageNotFound)
+                created = self._create(spec)
             except ImageNotFound as exc:
                 self._images.discard(spec.image)
                 raise ImageMissing(f"Image {spec.image!r} left Podman's image store: {detail(exc)}") from exc
-        created: dict[str, Any] = response.json()
         container_id = str(created["Id"])
         track(container_id)
         dropped = dropped_limits(created.get("Warnings") or [])
@@ -177,6 +169,29 @@ class PodmanEngine:
             self.remove(container_id)
             raise SandboxFailure(f"Podman could not start a sandbox from {spec.image!r}: {detail(exc)}") from exc
         return container_id
+
+    def _create(self, spec: SandboxSpec, again: bool = True) -> dict[str, Any]:
+        """Create the container of `spec`; the service's answer. Raises APIError, ImageNotFound."""
+        ours = seccomp.ours_applies(spec.limits.security_opt, spec.limits.privileged)
+        profile = self._seccomp_profile(spec.image, spec.forks) if ours else None
+        try:
+            body = container_spec(spec, _owner.owner_labels(), profile)
+        except ValueError as exc:
+            raise SandboxFailure(str(exc)) from exc
+        try:
+            response = self._podman().api.post("/containers/create", data=json.dumps(body), headers=_JSON)
+            response.raise_for_status(not_found=ImageNotFound)
+        except ImageNotFound:
+            raise
+        except APIError as exc:
+            # The profile's volume may have gone since (`podman volume prune` finds it unused): write it again.
+            if not again or profile is None or "seccomp profile" not in detail(exc):
+                raise
+            with self._profile_lock:
+                self._profiles.clear()
+            return self._create(spec, again=False)
+        created: dict[str, Any] = response.json()
+        return created
 
     def _prepare_cache(self, spec: SandboxSpec) -> None:
         """Create the cache volume owned by the sandbox user (a volume option), so the installer needs no root."""
