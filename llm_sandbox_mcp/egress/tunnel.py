@@ -6,9 +6,11 @@ network at all, and nothing of the server's filesystem.
 Frames, both ways: a header of type (1 byte), stream id (4) and payload length (4), big-endian, then the payload.
 The relay opens streams (OPEN); either end sends DATA, EOF (its direction is done), CLOSE (the stream is gone)
 and WINDOW (a 4-byte count: that many more bytes may come, as many as were delivered); the server's PING
-(stream 0) is answered with PING. Each direction of a
-stream starts with WINDOW_BYTES of credit, so a connection whose reader is slow (a client in the sandbox, the
-proxy's upstream) holds up only itself, and the reader of the relay's output never waits for any stream.
+(stream 0) is answered with PING. The relay may send WINDOW_BYTES of a stream ahead of the server's grants, the
+server RELAY_WINDOW_BYTES ahead of the relay's (that much more is buffered by the relay, in the sandbox's own
+memory: a larger window keeps downloads fast when a round trip through the engine is slow), so a connection
+whose reader is slow (a client in the sandbox, the proxy's upstream) holds up only itself, and the reader of the
+relay's output never waits for any stream.
 
 The relay's output is hostile input: code in the sandbox runs as the relay's user and may write into its stdout.
 So a payload above MAX_PAYLOAD, or an unknown frame type, ends the tunnel (the framing is lost) without reading
@@ -47,6 +49,7 @@ _COUNT = struct.Struct(">I")
 MAX_PAYLOAD = 64 * 1024
 MAX_STREAMS = MAX_CONNECTIONS
 WINDOW_BYTES = 256 * 1024
+RELAY_WINDOW_BYTES = 1024 * 1024
 CONNECT_SECONDS = 10.0
 # A relay that does not answer a PING within this long is taken for gone.
 PING_SECONDS = 5.0
@@ -64,7 +67,7 @@ class _Stream:
     queued: MemoryObjectReceiveStream[bytes]
     undelivered: int = 0
     # How many bytes the relay may still be sent, and an event set when it grants more.
-    credit: int = WINDOW_BYTES
+    credit: int = RELAY_WINDOW_BYTES
     credited: anyio.Event = field(default_factory=anyio.Event)
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
 
@@ -187,7 +190,7 @@ class Tunnel:
                 stream.undelivered += len(payload)
         elif kind == WINDOW:
             if len(payload) == _COUNT.size:
-                stream.credit = min(WINDOW_BYTES, stream.credit + _COUNT.unpack(payload)[0])
+                stream.credit = min(RELAY_WINDOW_BYTES, stream.credit + _COUNT.unpack(payload)[0])
                 stream.credited.set()
         elif kind == EOF:
             stream.inbox.close()

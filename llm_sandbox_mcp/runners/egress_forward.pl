@@ -29,7 +29,8 @@ sub listen_on {
 # This end opens streams; either end sends DATA, EOF (its direction is done), CLOSE (the stream is gone) and
 # WINDOW (a 4-byte count: that many more bytes of DATA may come, as many as were delivered); the server's
 # PING (stream 0) is answered with PING. Each direction
-# of a stream starts with WINDOW_BYTES of credit, so a client that does not read holds up only itself, and no
+# of a stream starts with a window of credit (this end sends WINDOW_BYTES ahead; the server, whose window is
+# larger, up to 1 MiB ahead), so a client that does not read holds up only itself, and no
 # buffer here holds more than that per stream. At most MAX_STREAMS connections at once (more wait in the
 # listen backlog).
 use constant { OPEN => 1, DATA => 2, EOF => 3, CLOSE => 4, WINDOW => 5, PING => 6 };

@@ -26,6 +26,7 @@ from llm_sandbox_mcp.egress.tunnel import (
     MAX_STREAMS,
     OPEN,
     PING,
+    RELAY_WINDOW_BYTES,
     WINDOW,
     WINDOW_BYTES,
     Tunnel,
@@ -102,12 +103,12 @@ class FakeRelay:
         return sum(len(p) for k, i, p in self.sent() if (k, i) == (DATA, stream_id))
 
 
-BIG = bytes(range(256)) * 4096  # 1 MiB
+BIG = bytes(range(256)) * 16384  # 4 MiB: more than any window
 
 
 @dataclass
 class Proxy:
-    """The proxy's socket: echoes each connection until its EOF, then closes it; "big" is answered with BIG."""
+    """The proxy's end: echoes each connection until its EOF, then closes it; "big" is answered with BIG."""
 
     connections: int = 0
     open: int = 0
@@ -243,16 +244,16 @@ async def test_streams_beyond_the_cap_are_ignored() -> None:
 async def test_the_relay_is_sent_no_more_than_its_window() -> None:
     async with tunnel() as (relay, opened, proxy):
         await relay.write(frame(OPEN, 1) + frame(DATA, 1, b"big"))
-        await until(lambda: relay.data_to(1) == WINDOW_BYTES)
+        await until(lambda: relay.data_to(1) == RELAY_WINDOW_BYTES)
         await sync(relay, 2)  # another stream is served meanwhile, and nothing more came for this one
-        assert relay.data_to(1) == WINDOW_BYTES
+        assert relay.data_to(1) == RELAY_WINDOW_BYTES
         await relay.write(frame(WINDOW, 1, (100_000).to_bytes(4, "big")))
-        await until(lambda: relay.data_to(1) == WINDOW_BYTES + 100_000)
+        await until(lambda: relay.data_to(1) == RELAY_WINDOW_BYTES + 100_000)
         # A grant beyond the window (forged) counts only up to the window.
         await relay.write(frame(WINDOW, 1, (2**32 - 1).to_bytes(4, "big")) + frame(WINDOW, 1, b"bad"))
-        await until(lambda: relay.data_to(1) == 2 * WINDOW_BYTES + 100_000)
+        await until(lambda: relay.data_to(1) == 2 * RELAY_WINDOW_BYTES + 100_000)
         await sync(relay, 3)
-        assert relay.data_to(1) == 2 * WINDOW_BYTES + 100_000
+        assert relay.data_to(1) == 2 * RELAY_WINDOW_BYTES + 100_000
         assert proxy.connections == 3 and not opened.ended.is_set()
 
 
