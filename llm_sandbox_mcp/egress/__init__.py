@@ -12,11 +12,11 @@ One transport for every engine. Docker, Podman, Kubernetes, bubblewrap and NsJai
 tunnel: nothing of the server's filesystem is mounted into a sandbox, so an engine in another VM or machine
 (Docker Desktop, Colima, a Podman machine, a remote DOCKER_HOST) works as a local one does, and no socket file
 or port exists on the host for another local user to connect to (nor an AF_UNIX server, which Windows lacks).
-Mounting the proxy's UNIX socket into local sandboxes would save a copy per byte, but it would be a second path
-to test and to secure, and it is not needed for speed: measured with benchmarks/egress_transport.py (medians,
-this project's 2-core machine, shared), the tunnel carries 80-90 MiB/s into a Docker or bubblewrap sandbox
-(the socket mount: ~170-200 MiB/s), and a library install of a few MB from the public registry takes about as
-long either way, the registry and the installer dominating (see that script's docstring for the numbers).
+Mounting the proxy's UNIX socket into local sandboxes is faster per byte, but it would be a second path to
+test and to secure, and speed does not ask for it: measured with benchmarks/egress_transport.py on this
+project's 2-core machine, the tunnel carries 50-100 MiB/s into a sandbox (the socket mount: 300-670 MiB/s),
+more than a registry download reaches, and a library install of about 7 MB from the public registry takes
+8-11 s either way (Docker 11.0 s against 8.6 s; bubblewrap and Podman the same within noise).
 """
 
 from llm_sandbox_mcp.egress.policy import EgressPolicy, HostRule, Refusal
