@@ -165,7 +165,7 @@ def _exit_at_once(status: int) -> NoReturn:
 
 async def _doctor(settings: Settings) -> int:
     from llm_sandbox_mcp import image_commands
-    from llm_sandbox_mcp.backends import BACKENDS, egress_transport, load_backend, select_backend
+    from llm_sandbox_mcp.backends import BACKENDS, load_backend, select_backend
     from llm_sandbox_mcp.libraries import egress_report
 
     usable: dict[str, bool] = {}
@@ -193,7 +193,7 @@ async def _doctor(settings: Settings) -> int:
         sys.stdout.write(f"configured backend: {chosen.name} (NOT usable)\n")
         return 1
     sys.stdout.write(f"configured backend: {chosen.name} (usable; {why})\n")
-    for line in egress_report(settings, chosen.install_network, egress_transport(chosen)):
+    for line in egress_report(settings, chosen.install_network):
         sys.stdout.write(f"egress: {line}\n")
     sys.stdout.write(f"pool: {_pool_line(settings)}\n")
     if settings.sandbox_zygote:

@@ -115,7 +115,7 @@ class Executor:
         self.backend = backend
         self.limits = settings.limits()
         self.budget = MemoryBudget(settings.memory_budget())
-        # Where the egress tunnels of installers and sessions run (backends that carry egress over exec streams).
+        # Where the egress tunnels of installers and sessions run.
         self.tunnels = Tunnels()
         self.libraries = LibraryCache(settings, backend, self.limits, self.budget, self.tunnels)
         self.pool: Pool[WarmKey, Lease] = Pool(
@@ -290,10 +290,10 @@ class Executor:
         return self.forks.status(spec, forked and execution.exit_code == 0 and execution.stdout == "1\n")
 
     async def open(
-        self, lang: Language, libraries: list[str], limits: Limits, live: Live | None = None, egress: str | None = None
+        self, lang: Language, libraries: list[str], limits: Limits, live: Live | None = None, egress: bool = False
     ) -> Lease:
-        """A sandbox of its own (with its interpreter) for a session, outside the pool; `egress`: the directory
-        of its egress proxy socket, when it has one."""
+        """A sandbox of its own (with its interpreter) for a session, outside the pool; `egress`: whether it may
+        reach an egress proxy (through a relay the caller starts)."""
         spec = replace(await self._spec(lang, libraries, limits, live), egress=egress)
         if live is not None:
             live.phase = "starting the sandbox"

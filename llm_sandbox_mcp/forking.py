@@ -64,13 +64,7 @@ class Forks:
     def spec(self, language: Language, spec: SandboxSpec) -> SandboxSpec:
         """The sandbox a one-shot call of this kind takes: a template container where one can serve it."""
         writable_cache = spec.cache is not None and spec.cache.writable
-        if (
-            not self.enabled
-            or language.name != "python"
-            or writable_cache
-            or spec.egress is not None
-            or spec in self.unavailable
-        ):
+        if not self.enabled or language.name != "python" or writable_cache or spec.egress or spec in self.unavailable:
             return spec
         return replace(spec, forks=True)
 

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import anyio
 
-from llm_sandbox_mcp.backends import Backend, EgressTransport, stop_on_cancel
+from llm_sandbox_mcp.backends import Backend, stop_on_cancel
 from llm_sandbox_mcp.budget import MemoryBudget
 from llm_sandbox_mcp.cache_index import CacheEntry, CacheIndex, over_total
 from llm_sandbox_mcp.config import Settings
@@ -96,14 +96,13 @@ def needs_defaults(settings: Settings, lang: Language) -> bool:
     return lang.name in DEFAULT_REGISTRY_COMMANDS and unset
 
 
-def egress_report(settings: Settings, install_network: str, transport: EgressTransport = "socket") -> list[str]:
+def egress_report(settings: Settings, install_network: str) -> list[str]:
     """`doctor`'s lines: what each kind of sandbox may reach with these settings on this engine."""
     lines = [f"code sandboxes: network {settings.sandbox_network_mode!r} (SANDBOX_NETWORK_MODE)"]
     if install_network == EGRESS_NETWORK:
         lines.append(
-            "path to the proxy: a tunnel over the relay's exec stream (the pods stay under the deny-all NetworkPolicy)"
-            if transport == "tunnel"
-            else "path to the proxy: its UNIX socket, mounted into the sandbox (which has no network)"
+            "path to the proxy: a tunnel over the relay's own stream to the server (the sandbox has no network, "
+            "and nothing of the server's filesystem is mounted)"
         )
     network = settings.sandbox_install_network_mode or install_network
     if network != EGRESS_NETWORK:
@@ -188,7 +187,7 @@ class LibraryCache:
                 cpus=max(self.limits.cpus, 2.0),
             )
             listener = (
-                await open_listener(installer_policy(self.settings, lang), f"the {lang.title} installer")
+                open_listener(installer_policy(self.settings, lang), f"the {lang.title} installer")
                 if (network == EGRESS_NETWORK)
                 else None
             )
@@ -197,7 +196,7 @@ class LibraryCache:
                     self.image_of(lang.name),
                     install_limits,
                     CacheMount(key, writable=True),
-                    egress=str(listener.directory) if listener else None,
+                    egress=listener is not None,
                 )
                 with self.budget.held(install_limits.memory_bytes, "a library installer"):
                     size = await self._install_in_sandbox(spec, lang, specs, key, listener)
@@ -234,7 +233,7 @@ class LibraryCache:
         try:
             ref = await self.backend.create(spec)
         except SandboxFailure as exc:
-            if spec.egress is not None:
+            if spec.egress:
                 raise InstallFailed(
                     f"Could not start the library installer: {exc}. SANDBOX_INSTALL_NETWORK_MODE can give installers "
                     "a network this engine has instead, unfiltered (the installer runs the packages' own code)"

@@ -20,9 +20,8 @@ from llm_sandbox_mcp.defaults import SANDBOX_USER
 WORKDIR = PurePosixPath("/workspace")
 OUTPUT_DIR = WORKDIR / "outputs"
 LIBS_DIR = PurePosixPath("/opt/llm-sandbox/libs")
-# Where a sandbox that may reach the egress proxy finds its socket (the host directory is mounted there).
-EGRESS_DIR = PurePosixPath("/opt/llm-sandbox/egress")
-# The installer network of engines that mount the proxy socket: no route at all, the proxy the only way out.
+# The installer network of engines whose sandboxes reach the egress proxy: no route at all, the tunnel over the
+# relay's own stream the only way out.
 EGRESS_NETWORK = "egress"
 # Floors of what a sandbox may be given: below them engines drop the limit (a CPU quota of 0 means none).
 MIN_CPUS = 0.01
@@ -66,8 +65,8 @@ class SandboxSpec:
     image: str
     limits: Limits
     cache: CacheMount | None = None
-    # A host directory holding the egress proxy's socket for this sandbox, mounted at EGRESS_DIR.
-    egress: str | None = None
+    # Whether the sandbox may reach its egress proxy (through the relay's own stream: nothing is mounted).
+    egress: bool = False
     # A zygote template container (SANDBOX_ZYGOTE on Docker/Podman): its kernel makes each one-shot call a
     # sandbox of its own in nested namespaces, so the engine lets it unshare and mount (see `forking`).
     forks: bool = False

@@ -96,10 +96,9 @@ class SessionRegistry:
         policy = self._egress(network) if isinstance(network, list) and network else None
         session_id = f"s-{secrets.token_hex(8)}"
         self._creating += 1
-        listener = await open_listener(policy, f"session {session_id}") if policy is not None else None
+        listener = open_listener(policy, f"session {session_id}") if policy is not None else None
         try:
-            directory = str(listener.directory) if listener is not None else None
-            lease = await self.executor.open(lang, specs, limits, live, egress=directory)
+            lease = await self.executor.open(lang, specs, limits, live, egress=listener is not None)
         except BaseException:
             if listener is not None:
                 with anyio.CancelScope(shield=True):

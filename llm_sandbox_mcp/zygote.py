@@ -249,7 +249,7 @@ class Zygotes(TaskOwner):
             self._host is not None
             and language.name == "python"
             and read_only_cache
-            and spec.egress is None
+            and not spec.egress
             and spec not in self.unavailable
         )
 

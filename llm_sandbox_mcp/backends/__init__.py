@@ -26,7 +26,6 @@ T = TypeVar("T")
 
 
 BackendName = Literal["docker", "podman", "kubernetes", "bubblewrap", "nsjail"]
-EgressTransport = Literal["socket", "tunnel"]
 BACKENDS: tuple[str, ...] = get_args(BackendName)
 LINUX_ONLY = ("bubblewrap", "nsjail")
 # The exit status of a process whose sandbox vanished under it (killed or removed): as if SIGKILLed.
@@ -120,7 +119,6 @@ class Backend(Protocol):
     name: str
     install_network: str
     """The network a library installer gets when SANDBOX_INSTALL_NETWORK_MODE is unset."""
-    # Optional, read through `egress_transport`: "tunnel" where a sandbox cannot mount the egress proxy's socket.
 
     async def create(self, spec: SandboxSpec) -> SandboxRef:
         """Start a sandbox that idles until `exec` or `destroy`. Raises ImageMissing, SandboxFailure."""
@@ -177,14 +175,6 @@ class Backend(Protocol):
     async def aclose(self) -> None:
         """Destroy every sandbox this process created and release the engine connection."""
         ...
-
-
-def egress_transport(backend: object) -> EgressTransport:
-    """How a backend's sandboxes reach the egress proxy: "socket" (the default) mounts its socket at EGRESS_DIR;
-    "tunnel" (a backend whose `egress_transport` attribute says so: Kubernetes, whose pods cannot mount a socket
-    of the server's host) carries the relay's connections over the relay's own exec stream instead."""
-    transport: object = getattr(backend, "egress_transport", "socket")
-    return "tunnel" if transport == "tunnel" else "socket"
 
 
 async def stop_on_cancel(backend: Backend, ref: SandboxRef, work: Callable[[], Awaitable[T]]) -> T:

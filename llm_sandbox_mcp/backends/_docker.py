@@ -42,7 +42,6 @@ from llm_sandbox_mcp.backends._threaded import ThreadedBuilder
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import ImageMissing, SandboxFailure
 from llm_sandbox_mcp.models import (
-    EGRESS_DIR,
     EGRESS_NETWORK,
     WORKDIR,
     ExecResult,
@@ -99,8 +98,6 @@ def container_options(spec: SandboxSpec, labels: Mapping[str, str]) -> dict[str,
                 read_only=not spec.cache.writable,
             )
         )
-    if spec.egress is not None:
-        mounts.append(Mount(target=str(EGRESS_DIR), source=spec.egress, type="bind", read_only=True))
     if mounts:
         options["mounts"] = mounts
     return options
@@ -129,7 +126,7 @@ class DockerEngine:
     """Sandboxes as Docker containers, through the synchronous SDK (`Threaded` makes it a Backend)."""
 
     name = "docker"
-    install_network = EGRESS_NETWORK  # network none; the egress proxy socket is the only way out
+    install_network = EGRESS_NETWORK  # network none; the tunnel to the egress proxy is the only way out
 
     def __init__(self, base_url: str | None) -> None:
         self._base_url = base_url
@@ -145,11 +142,6 @@ class DockerEngine:
             return self._client
 
     def create(self, spec: SandboxSpec, track: Callable[[str], None]) -> str:
-        if spec.egress is not None and not (self._base_url or "unix://").startswith("unix://"):
-            raise SandboxFailure(
-                f"the egress proxy's socket is on this machine, and a sandbox of the Docker engine at "
-                f"{self._base_url} cannot mount it"
-            )
         client = self._docker()
         self._ensure_image(spec.image)
         if spec.cache is not None and spec.cache.writable:

@@ -192,5 +192,9 @@ class SocketProcess:
     async def aclose(self) -> None:
         self._closed = True
         with contextlib.suppress(OSError):
+            # Wakes a read waiting in a worker thread now (closing the socket alone would leave its select()
+            # waiting out its timeout).
+            self._sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
             self._sock.close()
         self._closer()

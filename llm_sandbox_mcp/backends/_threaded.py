@@ -16,7 +16,7 @@ from typing import Generic, Protocol, TypeVar
 import anyio.from_thread
 import anyio.to_thread
 
-from llm_sandbox_mcp.backends import ImageBuild, ImageInfo, SandboxProcess, egress_transport
+from llm_sandbox_mcp.backends import ImageBuild, ImageInfo, SandboxProcess
 from llm_sandbox_mcp.errors import SandboxFailure
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, OutputListener, SandboxRef, SandboxSpec, Stream
 
@@ -84,7 +84,6 @@ class Threaded:
         self.engine = engine
         self.name = engine.name
         self.install_network = engine.install_network
-        self.egress_transport = egress_transport(engine)
         self._live: set[str] = set()
         self._lock = threading.Lock()
 

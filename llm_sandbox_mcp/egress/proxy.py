@@ -1,4 +1,8 @@
-"""The proxy: one asyncio UNIX-socket listener per sandbox, serving that sandbox's policy.
+"""The proxy: one per sandbox, serving that sandbox's policy on connections handed to it in this process.
+
+No socket is listened on: each stream the sandbox's tunnel opens becomes one end of a socket pair whose other
+end the proxy serves (`EgressListener.connect`), so nothing on the host, no file and no port, can be connected
+to by anyone else, and nothing here needs a UNIX-socket server (which Windows lacks).
 
 Bounded everywhere: connections per sandbox, the request head's size, the time to send it, to resolve and to
 connect, and idle tunnels. No exception escapes a connection's handler: anything unexpected closes it.
@@ -9,25 +13,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import re
-import shutil
 import socket
-import stat
-import sys
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from llm_sandbox_mcp.backends._owner import process_start
+from anyio.abc import SocketStream
+
 from llm_sandbox_mcp.egress.policy import EgressPolicy, HostRule, Refusal, ip_literal
 from llm_sandbox_mcp.egress.request import MAX_HEAD, BadRequest, Request, parse_head
 from llm_sandbox_mcp.egress.upstream import Upstream, upstream_for
-from llm_sandbox_mcp.errors import SandboxFailure
 
 logger = logging.getLogger(__name__)
 
-SOCKET_NAME = "proxy.sock"
 MAX_CONNECTIONS = 64
 HEAD_SECONDS = 30.0
 RESOLVE_SECONDS = 15.0
@@ -35,41 +31,47 @@ CONNECT_SECONDS = 20.0
 IDLE_SECONDS = 300.0
 _CHUNK = 64 * 1024
 _MAX_REFUSALS = 20
-_DIRECTORY_PREFIX = "llm-sandbox-egress-"
-_swept = False
 # A sandbox that floods the proxy must not flood the server's log.
 MAX_LOGGED_REFUSALS = 200
 
 
 @dataclass
 class EgressListener:
-    """A sandbox's proxy: its socket (in a directory of its own, mounted into the sandbox) and what it refused."""
+    """A sandbox's proxy: the connections handed to it (`connect`) and what it refused."""
 
     policy: EgressPolicy
     label: str
-    directory: Path
     refused: list[Refusal] = field(default_factory=lambda: [])
     # Allowed hosts the proxy could not reach (answered 502), for the install error.
     unreachable: list[str] = field(default_factory=lambda: [])
     connections: int = 0
     refusals: int = 0
-    _server: asyncio.AbstractServer | None = None
+    closed: bool = False
     _tasks: set[asyncio.Task[None]] = field(default_factory=lambda: set())
 
-    @property
-    def socket_path(self) -> Path:
-        return self.directory / SOCKET_NAME
+    async def connect(self) -> SocketStream:
+        """A new connection to this proxy: one end of a socket pair, the other served here. Raises OSError
+        once the proxy is closed."""
+        if self.closed:
+            raise ConnectionRefusedError(f"the egress proxy of {self.label} is closed")
+        ours, theirs = socket.socketpair()
+        task = asyncio.ensure_future(self._serve_socket(ours))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: ours.close())  # also when cancelled before it ran
+        try:
+            return await SocketStream.from_socket(theirs)
+        except BaseException:  # cancelled meanwhile: the proxy's end then sees the connection's end
+            theirs.close()
+            raise
 
     async def aclose(self) -> None:
-        """Stop listening, end every connection, remove the socket. Idempotent."""
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        """Refuse new connections and end every connection. Idempotent."""
+        self.closed = True
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        shutil.rmtree(self.directory, ignore_errors=True)
 
     def _refuse(self, refusal: Refusal) -> None:
         self.refusals += 1
@@ -87,10 +89,11 @@ class EgressListener:
             self.unreachable.append(target)
         await _answer(writer, 502, f"{request.host}:{request.port}: {why}")
 
+    async def _serve_socket(self, sock: socket.socket) -> None:
+        reader, writer = await asyncio.open_connection(sock=sock, limit=MAX_HEAD)
+        await self._serve(reader, writer)
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
         self.connections += 1
         try:
             if self.connections > MAX_CONNECTIONS:
@@ -103,8 +106,6 @@ class EgressListener:
             logger.debug("Egress connection for %s ended: %r", self.label, exc)
         finally:
             self.connections -= 1
-            if task is not None:
-                self._tasks.discard(task)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -238,49 +239,6 @@ async def _splice(
         await asyncio.gather(*pipes, return_exceptions=True)
 
 
-def _directory_prefix() -> str:
-    """Socket directories carry their server's pid and start time, so those of a server that is gone are known."""
-    pid = os.getpid()
-    return f"{_DIRECTORY_PREFIX}{pid}.{process_start(pid) or ''}-"
-
-
-def sweep_stale_directories(root: Path) -> None:
-    """Remove the socket directories that servers on this host left behind when they were killed."""
-    for entry in root.glob(f"{_DIRECTORY_PREFIX}*"):
-        owner = re.fullmatch(rf"{_DIRECTORY_PREFIX}(\d+)\.(\d+)-\w+", entry.name)
-        try:
-            info = entry.lstat()
-        except OSError:
-            continue
-        others = sys.platform != "win32" and info.st_uid != os.geteuid()  # Windows: the temp dir is the user's
-        if owner is None or not stat.S_ISDIR(info.st_mode) or others:
-            continue
-        started = process_start(int(owner[1]))
-        if started is not None and started != owner[2]:
-            shutil.rmtree(entry, ignore_errors=True)
-
-
-async def open_listener(policy: EgressPolicy, label: str) -> EgressListener:
-    """Listen for one sandbox on a new socket; the caller mounts `directory` into it and closes the listener."""
-    if sys.platform == "win32":
-        raise SandboxFailure(
-            "the egress proxy listens on a UNIX socket, which Python has no support for on Windows, so library "
-            "installs and sessions with hosts cannot reach the network here; run the server in WSL2, or preinstall "
-            "the libraries in the image (SANDBOX_IMAGE_<LANGUAGE>)"
-        )
-    global _swept
-    if not _swept:
-        _swept = True
-        await asyncio.to_thread(sweep_stale_directories, Path(tempfile.gettempdir()))
-    directory = Path(tempfile.mkdtemp(prefix=_directory_prefix()))
-    # The sandbox user (any uid) reaches the socket: traversal only on the directory, connect on the socket.
-    os.chmod(directory, 0o711)
-    listener = EgressListener(policy, label, directory)
-    try:
-        server = await asyncio.start_unix_server(listener._serve, path=str(listener.socket_path), limit=MAX_HEAD)  # pyright: ignore[reportPrivateUsage]
-        os.chmod(listener.socket_path, 0o666)
-    except BaseException:
-        shutil.rmtree(directory, ignore_errors=True)
-        raise
-    listener._server = server  # pyright: ignore[reportPrivateUsage]
-    return listener
+def open_listener(policy: EgressPolicy, label: str) -> EgressListener:
+    """The proxy of one sandbox; its tunnel connects to it, and the caller closes it."""
+    return EgressListener(policy, label)

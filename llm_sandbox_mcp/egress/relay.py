@@ -1,5 +1,5 @@
-"""The sandbox's end of the egress path: the relay on its loopback (to the proxy's socket, or through a tunnel
-over its own stream), and the variables that point every package manager at it."""
+"""The sandbox's end of the egress path: the relay on its loopback, whose connections a tunnel carries over its
+own stream to the proxy, and the variables that point every package manager at it."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 import anyio
 
-from llm_sandbox_mcp.backends import Backend, SandboxProcess, egress_transport
-from llm_sandbox_mcp.egress.proxy import SOCKET_NAME, EgressListener
+from llm_sandbox_mcp.backends import Backend, SandboxProcess
+from llm_sandbox_mcp.egress.proxy import EgressListener
 from llm_sandbox_mcp.egress.tunnel import MAX_PAYLOAD, Tunnel, Tunnels
 from llm_sandbox_mcp.errors import SandboxFailure
 from llm_sandbox_mcp.languages import Language, runner_source, sandbox_env
-from llm_sandbox_mcp.models import EGRESS_DIR, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.models import SandboxRef, SandboxSpec
 
 RELAY_PORT = 3128
 _READY_SECONDS = 20.0
@@ -32,39 +32,32 @@ def proxy_env() -> dict[str, str]:
 
 def run_env(language: Language, spec: SandboxSpec) -> dict[str, str]:
     """What code runs with in a sandbox of `spec`: the language's variables (its library paths when the store
-    is mounted) and, when the sandbox may reach the egress proxy (`spec.egress` set), the proxy's."""
-    proxy = proxy_env() if spec.egress is not None else {}
+    is mounted) and, when the sandbox may reach the egress proxy (`spec.egress`), the proxy's."""
+    proxy = proxy_env() if spec.egress else {}
     return {**sandbox_env(language, with_libraries=spec.cache is not None), **proxy}
 
 
 @dataclass
 class Relay:
-    """The relay running in a sandbox, and on a tunnel backend the tunnel that carries its connections."""
+    """The relay running in a sandbox, and the tunnel that carries its connections."""
 
     process: SandboxProcess
-    tunnel: Tunnel | None = None
+    tunnel: Tunnel
 
     async def aclose(self) -> None:
-        """Close the relay's stream (and its tunnel). Does not wait for the process; a kill or destroy ends it."""
-        if self.tunnel is not None:
-            await self.tunnel.aclose()
-        else:
-            await self.process.aclose()
+        """Close the tunnel and the relay's stream. Does not wait for the process; a kill or destroy ends it."""
+        await self.tunnel.aclose()
 
 
 async def relay_alive(relay: Relay) -> bool:
     """Whether the relay still runs (code in the sandbox, or a kill after a timeout, may have ended it)."""
-    if relay.tunnel is not None:
-        return await relay.tunnel.alive()  # its output is the tunnel's to read
-    return await relay.process.receive(timeout=0) != b""
+    return await relay.tunnel.alive()  # its output is the tunnel's to read
 
 
 async def start_relay(backend: Backend, ref: SandboxRef, listener: EgressListener, tunnels: Tunnels) -> Relay:
-    """Start the relay in the sandbox and wait until it listens: to the proxy socket mounted into the sandbox,
-    or on a tunnel backend over its own stream, through a tunnel of `tunnels`. Raises SandboxFailure."""
-    tunnelled = egress_transport(backend) == "tunnel"
-    target = ["--mux"] if tunnelled else [str(EGRESS_DIR / SOCKET_NAME)]
-    argv = ["perl", "-e", runner_source("egress_forward.pl"), "--", *target, str(RELAY_PORT)]
+    """Start the relay in the sandbox, wait until it listens, and carry its connections to `listener` through a
+    tunnel of `tunnels`. Raises SandboxFailure."""
+    argv = ["perl", "-e", runner_source("egress_forward.pl"), "--", str(RELAY_PORT)]
     process = await backend.start(ref, argv)
     seen = b""
     with anyio.move_on_after(_READY_SECONDS):
@@ -79,10 +72,8 @@ async def start_relay(backend: Backend, ref: SandboxRef, listener: EgressListene
         problem = process.stderr_tail().decode("utf-8", errors="replace").strip()[-500:]
         await process.aclose()
         raise SandboxFailure(f"the egress relay did not start in the sandbox (it needs perl): {problem or 'no answer'}")
-    if not tunnelled:
-        return Relay(process)
     try:
-        tunnel = await tunnels.open(process, listener.socket_path, listener.label, seen.split(_READY, 1)[1])
+        tunnel = await tunnels.open(process, listener.connect, listener.label, seen.split(_READY, 1)[1])
     except BaseException:
         with anyio.CancelScope(shield=True):
             await process.aclose()

@@ -1,14 +1,16 @@
-"""The egress path of sandboxes that cannot mount the proxy's socket (Kubernetes pods): the relay in the sandbox
-(runners/egress_forward.pl, `--mux`) carries its connections over its own stdout and stdin, the exec stream the
-server already holds, and this end opens one connection to the sandbox's proxy socket per stream. The sandbox
-needs no network at all.
+"""The egress path of every sandbox: the relay in the sandbox (runners/egress_forward.pl) carries its
+connections over its own stdout and stdin, the exec stream (or pipes) the server already holds, and this end
+hands each stream to the sandbox's proxy in this process (`EgressListener.connect`). The sandbox needs no
+network at all, and nothing of the server's filesystem.
 
 Frames, both ways: a header of type (1 byte), stream id (4) and payload length (4), big-endian, then the payload.
 The relay opens streams (OPEN); either end sends DATA, EOF (its direction is done), CLOSE (the stream is gone)
 and WINDOW (a 4-byte count: that many more bytes may come, as many as were delivered); the server's PING
-(stream 0) is answered with PING. Each direction of a
-stream starts with WINDOW_BYTES of credit, so a connection whose reader is slow (a client in the sandbox, the
-proxy's upstream) holds up only itself, and the reader of the relay's output never waits for any stream.
+(stream 0) is answered with PING. The relay may send WINDOW_BYTES of a stream ahead of the server's grants, the
+server RELAY_WINDOW_BYTES ahead of the relay's (that much more is buffered by the relay, in the sandbox's own
+memory: a larger window keeps downloads fast when a round trip through the engine is slow), so a connection
+whose reader is slow (a client in the sandbox, the proxy's upstream) holds up only itself, and the reader of the
+relay's output never waits for any stream.
 
 The relay's output is hostile input: code in the sandbox runs as the relay's user and may write into its stdout.
 So a payload above MAX_PAYLOAD, or an unknown frame type, ends the tunnel (the framing is lost) without reading
@@ -24,8 +26,8 @@ import contextlib
 import logging
 import math
 import struct
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import anyio
 from anyio.abc import SocketStream, TaskGroup, TaskStatus
@@ -38,16 +40,20 @@ from llm_sandbox_mcp.errors import SandboxFailure
 
 logger = logging.getLogger(__name__)
 
+# A new connection to the sandbox's proxy.
+Connect = Callable[[], Awaitable[SocketStream]]
+
 OPEN, DATA, EOF, CLOSE, WINDOW, PING = 1, 2, 3, 4, 5, 6
 HEADER = struct.Struct(">BII")
 _COUNT = struct.Struct(">I")
 MAX_PAYLOAD = 64 * 1024
 MAX_STREAMS = MAX_CONNECTIONS
 WINDOW_BYTES = 256 * 1024
+RELAY_WINDOW_BYTES = 1024 * 1024
 CONNECT_SECONDS = 10.0
 # A relay that does not answer a PING within this long is taken for gone.
 PING_SECONDS = 5.0
-_CHUNK = 16 * 1024
+_CHUNK = MAX_PAYLOAD
 # How long one read of the relay's output waits (in a worker thread) before the reader looks again.
 _RECEIVE_SECONDS = 5.0
 
@@ -61,7 +67,7 @@ class _Stream:
     queued: MemoryObjectReceiveStream[bytes]
     undelivered: int = 0
     # How many bytes the relay may still be sent, and an event set when it grants more.
-    credit: int = WINDOW_BYTES
+    credit: int = RELAY_WINDOW_BYTES
     credited: anyio.Event = field(default_factory=anyio.Event)
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
 
@@ -72,12 +78,12 @@ class _Stream:
 
 
 class Tunnel:
-    """One relay's streams, each a connection to `socket_path`. Ends when the relay does, at `aclose`, or at
+    """One relay's streams, each a connection made by `connect`. Ends when the relay does, at `aclose`, or at
     the first broken frame; never raises from its background task."""
 
-    def __init__(self, process: SandboxProcess, socket_path: Path, label: str, pending: bytes = b"") -> None:
+    def __init__(self, process: SandboxProcess, connect: Connect, label: str, pending: bytes = b"") -> None:
         self._process = process
-        self._socket_path = socket_path
+        self._connect = connect
         self._label = label
         self._pending = pending
         self._streams: dict[int, _Stream] = {}
@@ -184,7 +190,7 @@ class Tunnel:
                 stream.undelivered += len(payload)
         elif kind == WINDOW:
             if len(payload) == _COUNT.size:
-                stream.credit = min(WINDOW_BYTES, stream.credit + _COUNT.unpack(payload)[0])
+                stream.credit = min(RELAY_WINDOW_BYTES, stream.credit + _COUNT.unpack(payload)[0])
                 stream.credited.set()
         elif kind == EOF:
             stream.inbox.close()
@@ -200,7 +206,7 @@ class Tunnel:
         try:
             with stream.scope:
                 with anyio.fail_after(CONNECT_SECONDS):
-                    connection = await anyio.connect_unix(self._socket_path)
+                    connection = await self._connect()
                 async with connection, anyio.create_task_group() as both:
                     both.start_soon(self._upward, stream, connection)
                     await self._downward(stream, connection)
@@ -241,11 +247,11 @@ class Tunnels(TaskOwner):
     """The background work of this server's egress tunnels. Use as an async context manager: leaving it ends
     every tunnel still open."""
 
-    async def open(self, process: SandboxProcess, socket_path: Path, label: str, pending: bytes = b"") -> Tunnel:
+    async def open(self, process: SandboxProcess, connect: Connect, label: str, pending: bytes = b"") -> Tunnel:
         """A tunnel for the relay `process` (whose output so far after its ready line is `pending`), running.
         Raises SandboxFailure when these tunnels are not running (outside `async with`)."""
         if self._tasks is None:
             raise SandboxFailure("The egress tunnels are not running (the server is shutting down)")
-        tunnel = Tunnel(process, socket_path, label, pending)
+        tunnel = Tunnel(process, connect, label, pending)
         await self._tasks.start(tunnel.run)
         return tunnel

@@ -1,20 +1,14 @@
-# Runs in a sandbox that may reach the egress proxy. Two modes, both listening on 127.0.0.1:PORT of the
-# sandbox's own loopback (its only network) and printing "ready" once listening:
-#   perl -e <this file> SOCKET PORT   relays every connection to the proxy's UNIX socket SOCKET, mounted
-#                                     from the host (one forked process per connection);
-#   perl -e <this file> --mux PORT    for sandboxes that cannot mount it (Kubernetes pods): one process
-#                                     multiplexes every connection over its own stdout and stdin, the exec
-#                                     stream the server holds (egress/tunnel.py has the frames and the other end).
+# Runs in a sandbox that may reach the egress proxy: `perl -e <this file> PORT` listens on 127.0.0.1:PORT of the
+# sandbox's own loopback (its only network), prints "ready" once listening, and multiplexes every connection
+# over its own stdout and stdin, the stream the server holds (egress/tunnel.py has the frames and the other
+# end). Nothing of the server's filesystem is needed, so it works the same on every engine, local or not.
 # Every Debian-based image has perl-base (Essential), and these modules are part of it. Killing it only cuts
 # this sandbox off.
 use strict;
 use warnings;
 use IO::Socket::INET;
-use IO::Socket::UNIX;
 use IO::Select;
-use Socket qw(SOCK_STREAM);
 
-$SIG{CHLD} = 'IGNORE';
 $SIG{PIPE} = 'IGNORE';
 
 sub listen_on {
@@ -31,52 +25,16 @@ sub listen_on {
     die "egress relay: cannot listen on 127.0.0.1:$port: $!\n";
 }
 
-sub forward {
-    my ($path, $port) = @_;
-    my $server = listen_on($port);
-    $| = 1;
-    print "ready\n";
-    while (1) {
-        my $client = $server->accept or next;
-        my $pid = fork;
-        if (!defined $pid || $pid) {
-            close $client;
-            next;
-        }
-        close $server;
-        my $proxy = IO::Socket::UNIX->new(Type => SOCK_STREAM, Peer => $path) or exit 1;
-        my %peer = ("$client" => $proxy, "$proxy" => $client);
-        my $select = IO::Select->new($client, $proxy);
-        while ($select->count) {
-            for my $from ($select->can_read) {
-                my $to = $peer{"$from"};
-                my $read = sysread($from, my $buffer, 65536);
-                if (!$read) {
-                    $select->remove($from);
-                    shutdown($to, 1);
-                    next;
-                }
-                my $offset = 0;
-                while ($offset < $read) {
-                    my $written = syswrite($to, $buffer, $read - $offset, $offset);
-                    exit 0 unless defined $written;
-                    $offset += $written;
-                }
-            }
-        }
-        exit 0;
-    }
-}
-
 # Frames, both ways: type (1 byte), stream id (4), payload length (4), big-endian, then the payload.
 # This end opens streams; either end sends DATA, EOF (its direction is done), CLOSE (the stream is gone) and
 # WINDOW (a 4-byte count: that many more bytes of DATA may come, as many as were delivered); the server's
 # PING (stream 0) is answered with PING. Each direction
-# of a stream starts with WINDOW_BYTES of credit, so a client that does not read holds up only itself, and no
+# of a stream starts with a window of credit (this end sends WINDOW_BYTES ahead; the server, whose window is
+# larger, up to 1 MiB ahead), so a client that does not read holds up only itself, and no
 # buffer here holds more than that per stream. At most MAX_STREAMS connections at once (more wait in the
 # listen backlog).
 use constant { OPEN => 1, DATA => 2, EOF => 3, CLOSE => 4, WINDOW => 5, PING => 6 };
-use constant { HEADER => 9, CHUNK => 16384, MAX_PAYLOAD => 65536, MAX_STREAMS => 64, WINDOW_BYTES => 262144 };
+use constant { HEADER => 9, CHUNK => 65536, MAX_PAYLOAD => 65536, MAX_STREAMS => 64, WINDOW_BYTES => 262144 };
 
 sub emit {
     my ($type, $id, $data) = @_;
@@ -203,8 +161,4 @@ sub mux {
     }
 }
 
-if (@ARGV && $ARGV[0] eq '--mux') {
-    mux($ARGV[1]);
-} else {
-    forward(@ARGV);
-}
+mux($ARGV[0]);

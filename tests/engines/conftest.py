@@ -34,7 +34,7 @@ import anyio
 import pytest
 
 from llm_sandbox_mcp import images
-from llm_sandbox_mcp.backends import Backend, SandboxProcess, egress_transport, load_backend
+from llm_sandbox_mcp.backends import Backend, SandboxProcess, load_backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxError
 from llm_sandbox_mcp.executor import Executor
@@ -183,7 +183,6 @@ class RecordingBackend:
         self.inner = inner
         self.name = inner.name
         self.install_network = inner.install_network
-        self.egress_transport = egress_transport(inner)
         self.argvs: list[list[str]] = []
         self._watched: list[tuple[str, anyio.Event]] = []
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import platform
 import re
 import secrets
 import tempfile
+import textwrap
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -18,10 +20,14 @@ import anyio
 import pytest
 
 from llm_sandbox_mcp.backends import load_backend
+from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import InstallFailed
 from llm_sandbox_mcp.executor import Executor
+from llm_sandbox_mcp.seccomp import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, SYSCALLS
 from llm_sandbox_mcp.sessions import SessionRegistry
 from tests.engines.conftest import engine_settings, require
+from tests.engines.test_contract import SYSCALL_ANSWERS, SYSCALL_PROBE
+from tests.support.boundary import boundary_docker, boundary_podman
 from tests.support.egress import loopback_name
 from tests.support.registries import (
     Package,
@@ -202,6 +208,88 @@ async def test_a_session_reaches_its_hosts_and_nothing_else(
             await sessions.aclose()
     assert first.stdout == again.stdout == "200 403\n", (first.stderr, again.stderr)
     assert killed.exit_code != 0 and re.search("Connection (refused|reset)", killed.stderr), killed.stderr
+
+
+@pytest.fixture(scope="module")
+def boundary_docker_host() -> Iterator[str]:
+    """An engine across a filesystem boundary (tests/support/boundary.py), holding only the base Python image."""
+    try:
+        with boundary_docker([Settings(sandbox_project_images=False).image_for("python")]) as url:
+            yield url
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="module")
+def boundary_podman_host() -> Iterator[str]:
+    """A Podman service across a filesystem boundary (tests/support/boundary.py), sharing the local image store."""
+    try:
+        with boundary_podman() as url:
+            yield url
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+
+
+# Read in the sandbox: the hardening every sandbox gets, which a profile that never reached the engine would lose.
+HARDENING = """
+import json, os
+status = dict(line.split(":\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\t" in line)
+try:
+    open("/usr/probe", "w")
+    writable = True
+except OSError:
+    writable = False
+interfaces = sorted(line.split(":")[0].strip() for line in open("/proc/net/dev").read().splitlines()[2:])
+print(json.dumps([status["Seccomp"], status["NoNewPrivs"], status["CapEff"], os.getuid() != 0, writable, interfaces]))
+"""
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        pytest.param("docker", marks=pytest.mark.docker),
+        pytest.param("podman", marks=pytest.mark.podman),
+        pytest.param("docker-boundary", marks=pytest.mark.docker),
+        pytest.param("podman-boundary", marks=pytest.mark.podman),
+    ],
+)
+async def test_installs_and_sessions_need_nothing_of_the_servers_filesystem(
+    request: pytest.FixtureRequest, registries: Registries, where: str
+) -> None:
+    """On an engine whose filesystem is not the server's (Docker Desktop's VM, a remote DOCKER_HOST), a library
+    installs and a session reaches its host through the proxy, as on a local engine: the sandbox's own stream
+    carries its connections, and no path of the server's is mounted. Its sandboxes keep every setting, the
+    project's seccomp profile included (which Podman takes only as a path on its own host)."""
+    engine = where.removesuffix("-boundary")
+    x86 = platform.machine() == "x86_64"
+    elsewhere: dict[str, object] = {}
+    if where == "docker-boundary":
+        elsewhere = {"docker_host": request.getfixturevalue("boundary_docker_host"), "sandbox_project_images": False}
+    elif where == "podman-boundary":
+        elsewhere = {"podman_host": request.getfixturevalue("boundary_podman_host"), "sandbox_project_images": False}
+    name, _ = loopback_name()
+    named = registries.settings["sandbox_goproxy"].removesuffix("/go")
+    host = f"{name}:{named.rsplit(':', 1)[1]}"
+    package = registries.packages["python"]
+    settings = {**registries.settings, "sandbox_session_allow_hosts": [host], **elsewhere}
+    async with _executor(request, engine, {package.spec}, **settings) as executor:
+        hardening = await executor.execute(HARDENING, "python", timeout=60)
+        table = SYSCALL_PROBE % json.dumps(SYSCALLS[AUDIT_ARCH_X86_64 if x86 else AUDIT_ARCH_AARCH64])
+        syscalls = await executor.execute(textwrap.dedent(table), "python", timeout=60)
+        installed = await executor.execute(package.code, "python", libraries=[package.spec], timeout=180)
+        sessions = SessionRegistry(executor.settings, executor)
+        try:
+            session = await sessions.create("python", [], network=[host])
+            code = FETCH.format(
+                allowed=f"{named}/go/example.com/greet/@v/list", unlisted=registries.settings["sandbox_pip_index_url"]
+            )
+            fetched = await sessions.execute(session.id, code, [], 60)
+        finally:
+            await sessions.aclose()
+    assert (installed.exit_code, installed.stdout) == (0, package.expected), installed.stderr
+    assert fetched.stdout == "200 403\n", fetched.stderr
+    assert json.loads(hardening.stdout) == ["2", "1", "0000000000000000", True, False, ["lo"]], hardening.stderr
+    assert json.loads(syscalls.stdout) == SYSCALL_ANSWERS, syscalls.stderr
 
 
 # Parallel downloads through one relay: on Kubernetes, streams multiplexed over one exec stream, each whole,

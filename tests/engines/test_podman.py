@@ -456,3 +456,21 @@ async def test_sweep_removes_sandboxes_of_dead_servers_only(client: PodmanClient
     finally:
         await backend.aclose()
         foreign.remove(force=True)
+
+
+@pytest.mark.podman
+async def test_the_seccomp_profile_is_written_again_when_its_volume_was_pruned(
+    podman_backend: Threaded, client: PodmanClient
+) -> None:
+    """The profile lives in a volume of the service that no container mounts, so `podman volume prune` removes
+    it; the next sandbox writes it again instead of failing."""
+    settings = engine_settings("podman")
+    spec = SandboxSpec(settings.image_for("python"), settings.limits())
+    await podman_backend.destroy(await podman_backend.create(spec))
+    profiles = client.volumes.list(filters={"label": f"{_owner.KIND}=seccomp-profile"})
+    assert profiles, "the profile's volume was not made"
+    for volume in profiles:
+        volume.remove(force=True)
+    ref = await podman_backend.create(spec)
+    result = await podman_backend.exec(ref, ["grep", "-E", "^(Seccomp|NoNewPrivs):", "/proc/self/status"], timeout=30)
+    assert result.stdout.split() == [b"NoNewPrivs:", b"1", b"Seccomp:", b"2"], result.stderr

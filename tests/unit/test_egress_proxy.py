@@ -1,4 +1,5 @@
-"""The egress proxy served for real on a UNIX socket, with origin servers on 127.0.0.1 only.
+"""The egress proxy served for real, on connections handed to it in this process (as the tunnel does), with
+origin servers on 127.0.0.1 only.
 
 Every socket connect of this process is recorded: a refused host is refused before any connection is tried.
 """
@@ -7,23 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
+import anyio
 import pytest
 
-from llm_sandbox_mcp.backends._owner import process_start
 from llm_sandbox_mcp.egress import EgressListener, EgressPolicy, HostRule, open_listener
 from llm_sandbox_mcp.egress import proxy as proxy_module
-from llm_sandbox_mcp.egress.proxy import sweep_stale_directories
 from tests.support.connects import recorded
 
-pytestmark = [
-    pytest.mark.anyio,
-    pytest.mark.skipif(sys.platform == "win32", reason="the proxy listens on a UNIX socket; on Windows it refuses"),
-]
+pytestmark = pytest.mark.anyio
 
 
 async def _origin(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -50,16 +44,19 @@ async def origin() -> AsyncIterator[int]:
 async def _listener(*entries: str) -> EgressListener:
     """Entries written `implied:host` are not explicit (as a toolchain's default registry)."""
     rules = [HostRule.parse(e.removeprefix("implied:"), explicit=not e.startswith("implied:")) for e in entries]
-    return await open_listener(EgressPolicy.of(rules, "SANDBOX_TEST_HOSTS"), "a test sandbox")
+    return open_listener(EgressPolicy.of(rules, "SANDBOX_TEST_HOSTS"), "a test sandbox")
 
 
 async def _ask(listener: EgressListener, data: bytes) -> bytes:
-    reader, writer = await asyncio.open_unix_connection(str(listener.socket_path))
-    writer.write(data)
-    await writer.drain()
-    answer = await asyncio.wait_for(reader.read(), 10)
-    writer.close()
-    return answer
+    answer = b""
+    async with await listener.connect() as stream:
+        await stream.send(data)
+        with anyio.fail_after(10):
+            while True:
+                try:
+                    answer += await stream.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    return answer
 
 
 async def _ask_once(entry: str, data: bytes) -> bytes:
@@ -107,7 +104,7 @@ async def test_refused_before_any_connection(
             await listener.aclose()
     assert answer.startswith(b"HTTP/1.1 403 Forbidden") and plain.startswith(b"HTTP/1.1 403 Forbidden")
     assert reason.encode() in answer and b"SANDBOX_TEST_HOSTS can allow it" in answer
-    assert connects == [str(listener.socket_path)] * 2  # ours to the proxy, and nothing from it
+    assert connects == []  # nothing from the proxy (and ours to it is a socket pair, no connect)
     refusals = [r for r in caplog.records if r.name == "llm_sandbox_mcp.egress.proxy"]
     assert len(refusals) == 2 and target.rsplit(":", 1)[0] in refusals[0].getMessage()
     assert listener.refused and listener.refused[0].port == int(target.rsplit(":", 1)[1])
@@ -123,7 +120,7 @@ async def test_implied_names_resolving_to_loopback_are_refused(origin: int, capl
     assert answer.startswith(b"HTTP/1.1 403") and b"non-public address" in answer
     assert b"127.0.0.1" not in answer  # what the name resolves to is the operator's to see, in the log
     assert "127.0.0.1" in " ".join(r.getMessage() for r in caplog.records if r.name == "llm_sandbox_mcp.egress.proxy")
-    assert connects == [str(listener.socket_path)]
+    assert connects == []
 
 
 async def test_explicit_names_resolve_on_the_host_side(origin: int) -> None:
@@ -154,26 +151,30 @@ async def test_malformed_requests_get_400_and_a_close(data: bytes) -> None:
 async def test_a_client_that_goes_silent_or_away_ends_only_its_connection(origin: int) -> None:
     listener = await _listener(f"127.0.0.1:{origin}")
     try:
-        _, silent = await asyncio.open_unix_connection(str(listener.socket_path))
-        silent.write(b"CONNECT 127.0.0.1")  # never finished
-        _, gone = await asyncio.open_unix_connection(str(listener.socket_path))
-        gone.close()
+        silent = await listener.connect()
+        await silent.send(b"CONNECT 127.0.0.1")  # never finished
+        gone = await listener.connect()
+        await gone.aclose()
         answer = await _ask(listener, f"CONNECT 127.0.0.1:{origin} HTTP/1.1\r\n\r\nPING\r\n\r\n".encode())
-        silent.close()
     finally:
         await listener.aclose()
     assert answer.endswith(b"PONG PING\r\n\r\n")
-    assert not listener.socket_path.exists()
+    # Closing the proxy ended the silent connection too, and it takes no new one.
+    with anyio.fail_after(5), pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
+        await silent.receive()
+    await silent.aclose()
+    with pytest.raises(ConnectionRefusedError, match="closed"):
+        await listener.connect()
 
 
 async def test_connections_beyond_the_limit_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(proxy_module, "MAX_CONNECTIONS", 1)
     listener = await _listener("example.org")
     try:
-        _, holding = await asyncio.open_unix_connection(str(listener.socket_path))
+        holding = await listener.connect()
         await asyncio.sleep(0.1)
         answer = await _ask(listener, b"CONNECT example.org:443 HTTP/1.1\r\n\r\n")
-        holding.close()
+        await holding.aclose()
     finally:
         await listener.aclose()
     assert answer.startswith(b"HTTP/1.1 503")
@@ -219,26 +220,3 @@ async def test_an_allowed_host_that_cannot_be_reached_is_a_502_remembered_for_th
         await listener.aclose()
     assert answer.startswith(b"HTTP/1.1 502 Bad Gateway") and b"could not be connected to" in answer
     assert listener.unreachable == [f"127.0.0.1:{port} (could not be connected to)"] and listener.refused == []
-
-
-def test_socket_directories_of_servers_that_are_gone_are_swept(tmp_path: Path) -> None:
-    alive = f"llm-sandbox-egress-{os.getpid()}.{process_start(os.getpid())}-abc123"
-    gone = "llm-sandbox-egress-999999999.12345-def456"  # no such pid
-    recycled = f"llm-sandbox-egress-{os.getpid()}.1-ghi789"  # our pid, another process's start time
-    for name in (alive, gone, recycled, "llm-sandbox-egress-unrelated"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "proxy.sock").touch()
-    target = tmp_path / "kept"
-    target.mkdir()
-    (tmp_path / "llm-sandbox-egress-999999998.1-link00").symlink_to(target)
-    sweep_stale_directories(tmp_path)
-    left = sorted(entry.name for entry in tmp_path.iterdir())
-    assert left == sorted([alive, "kept", "llm-sandbox-egress-999999998.1-link00", "llm-sandbox-egress-unrelated"])
-
-
-async def test_a_listener_directory_names_its_server() -> None:
-    listener = await _listener("127.0.0.1:1")
-    try:
-        assert listener.directory.name.startswith(f"llm-sandbox-egress-{os.getpid()}.{process_start(os.getpid())}-")
-    finally:
-        await listener.aclose()

@@ -1,22 +1,21 @@
 """The server's end of the egress tunnel against a relay that lies: its output is written by a fake relay here
 (the protocol is pure code; the real relay in a real pod is in tests/engines/test_egress.py and
-tests/hostile/test_egress.py), and the proxy's end is a real UNIX socket that echoes and counts connections."""
+tests/hostile/test_egress.py), and the proxy's end is a real socket pair per stream, handed over in-process as
+the proxy does, whose far end echoes and counts connections."""
 
 from __future__ import annotations
 
-import shutil
-import sys
-import tempfile
+import socket
 from collections.abc import AsyncGenerator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import anyio
 import pytest
 from anyio.abc import SocketStream
 
 from llm_sandbox_mcp.backends._kubernetes.pod import NETWORK_LABEL, PodOptions, pod_manifest
+from llm_sandbox_mcp.egress import EgressPolicy, open_listener
 from llm_sandbox_mcp.egress import tunnel as tunnel_module
 from llm_sandbox_mcp.egress.tunnel import (
     CLOSE,
@@ -27,6 +26,7 @@ from llm_sandbox_mcp.egress.tunnel import (
     MAX_STREAMS,
     OPEN,
     PING,
+    RELAY_WINDOW_BYTES,
     WINDOW,
     WINDOW_BYTES,
     Tunnel,
@@ -35,10 +35,7 @@ from llm_sandbox_mcp.egress.tunnel import (
 from llm_sandbox_mcp.errors import SandboxFailure
 from llm_sandbox_mcp.models import Limits, SandboxSpec
 
-pytestmark = [
-    pytest.mark.anyio,
-    pytest.mark.skipif(sys.platform == "win32", reason="the tunnel connects to the proxy's UNIX socket"),
-]
+pytestmark = pytest.mark.anyio
 
 
 def frame(kind: int, stream_id: int, payload: bytes = b"") -> bytes:
@@ -106,12 +103,12 @@ class FakeRelay:
         return sum(len(p) for k, i, p in self.sent() if (k, i) == (DATA, stream_id))
 
 
-BIG = bytes(range(256)) * 4096  # 1 MiB
+BIG = bytes(range(256)) * 16384  # 4 MiB: more than any window
 
 
 @dataclass
 class Proxy:
-    """The proxy's socket: echoes each connection until its EOF, then closes it; "big" is answered with BIG."""
+    """The proxy's end: echoes each connection until its EOF, then closes it; "big" is answered with BIG."""
 
     connections: int = 0
     open: int = 0
@@ -142,22 +139,30 @@ async def until(condition: Callable[[], bool]) -> None:
 
 @asynccontextmanager
 async def tunnel() -> AsyncGenerator[tuple[FakeRelay, Tunnel, Proxy]]:
-    directory = Path(tempfile.mkdtemp(prefix="tunnel-"))  # short: a socket path has at most 107 bytes
     proxy = Proxy()
-    try:
-        async with (
-            await anyio.create_unix_listener(directory / "proxy.sock") as listener,
-            anyio.create_task_group() as tasks,
-        ):
-            tasks.start_soon(listener.serve, proxy.serve)
-            async with Tunnels() as tunnels:
-                relay = FakeRelay()
-                opened = await tunnels.open(relay, directory / "proxy.sock", "a test sandbox", b"")
-                yield relay, opened, proxy
-                await opened.aclose()
-            tasks.cancel_scope.cancel()
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    async with anyio.create_task_group() as tasks:
+
+        async def connect() -> SocketStream:
+            ours, theirs = socket.socketpair()
+            try:
+                served = await SocketStream.from_socket(ours)
+            except BaseException:
+                ours.close()
+                theirs.close()
+                raise
+            tasks.start_soon(proxy.serve, served)
+            try:
+                return await SocketStream.from_socket(theirs)
+            except BaseException:
+                theirs.close()
+                raise
+
+        async with Tunnels() as tunnels:
+            relay = FakeRelay()
+            opened = await tunnels.open(relay, connect, "a test sandbox", b"")
+            yield relay, opened, proxy
+            await opened.aclose()
+        tasks.cancel_scope.cancel()
 
 
 async def test_a_stream_carries_both_ways_and_closes_after_both_ends() -> None:
@@ -239,16 +244,16 @@ async def test_streams_beyond_the_cap_are_ignored() -> None:
 async def test_the_relay_is_sent_no_more_than_its_window() -> None:
     async with tunnel() as (relay, opened, proxy):
         await relay.write(frame(OPEN, 1) + frame(DATA, 1, b"big"))
-        await until(lambda: relay.data_to(1) == WINDOW_BYTES)
+        await until(lambda: relay.data_to(1) == RELAY_WINDOW_BYTES)
         await sync(relay, 2)  # another stream is served meanwhile, and nothing more came for this one
-        assert relay.data_to(1) == WINDOW_BYTES
+        assert relay.data_to(1) == RELAY_WINDOW_BYTES
         await relay.write(frame(WINDOW, 1, (100_000).to_bytes(4, "big")))
-        await until(lambda: relay.data_to(1) == WINDOW_BYTES + 100_000)
+        await until(lambda: relay.data_to(1) == RELAY_WINDOW_BYTES + 100_000)
         # A grant beyond the window (forged) counts only up to the window.
         await relay.write(frame(WINDOW, 1, (2**32 - 1).to_bytes(4, "big")) + frame(WINDOW, 1, b"bad"))
-        await until(lambda: relay.data_to(1) == 2 * WINDOW_BYTES + 100_000)
+        await until(lambda: relay.data_to(1) == 2 * RELAY_WINDOW_BYTES + 100_000)
         await sync(relay, 3)
-        assert relay.data_to(1) == 2 * WINDOW_BYTES + 100_000
+        assert relay.data_to(1) == 2 * RELAY_WINDOW_BYTES + 100_000
         assert proxy.connections == 3 and not opened.ended.is_set()
 
 
@@ -309,13 +314,12 @@ async def test_a_relay_is_alive_while_it_answers(monkeypatch: pytest.MonkeyPatch
 async def test_tunnels_refuse_to_open_outside_their_context() -> None:
     relay = FakeRelay()
     with pytest.raises(SandboxFailure, match="not running"):
-        await Tunnels().open(relay, Path("/nonexistent"), "a test sandbox")
+        await Tunnels().open(relay, open_listener(EgressPolicy.of([], "-"), "-").connect, "a test sandbox")
     await relay.aclose()
 
 
-def test_a_pod_never_mounts_the_egress_directory() -> None:
-    spec = SandboxSpec("image", Limits(), egress="/tmp/llm-sandbox-egress-x")
+def test_a_pod_that_may_reach_the_proxy_mounts_no_host_path() -> None:
+    spec = SandboxSpec("image", Limits(), egress=True)
     manifest = pod_manifest("pod", spec, {}, {}, PodOptions())
-    assert "llm-sandbox-egress" not in repr(manifest)
     assert all("hostPath" not in volume for volume in manifest["spec"]["volumes"])
     assert manifest["metadata"]["labels"][NETWORK_LABEL] == "none"  # under the deny-all NetworkPolicy

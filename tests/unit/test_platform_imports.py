@@ -59,10 +59,6 @@ LINUX_ENGINES_ONLY = {
         {"socket.AF_UNIX", "socket.SOCK_SEQPACKET", "socket.send_fds"},
         "zygote templates run on bubblewrap only: `Zygotes._host` is None unless the backend is a TemplateHost",
     ),
-    "llm_sandbox_mcp/egress/tunnel.py": (
-        {"anyio.connect_unix"},
-        "connects to a listener of `egress.proxy.open_listener`, which refuses on Windows with the way out",
-    ),
 }
 
 

@@ -140,7 +140,7 @@ class HostSandbox(Generic[J]):
     """
 
     name: str
-    install_network = EGRESS_NETWORK  # its own network namespace: loopback and the proxy socket only
+    install_network = EGRESS_NETWORK  # its own network namespace: loopback only, the tunnel the way out
 
     def __init__(self, jail_path: Path | None, probe_uid: int = 65534, probe_gid: int = 65534) -> None:
         self._configured = jail_path

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
 from llm_sandbox_mcp.backends._bubblewrap.host import HOST_PATH, Bwrap
-from llm_sandbox_mcp.models import EGRESS_DIR, WORKDIR, Limits, SandboxSpec
+from llm_sandbox_mcp.models import WORKDIR, Limits, SandboxSpec
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # PID 1 of the holder: says it is up, then idles. A shell as PID 1 reaps orphans (dash waits on any child
@@ -106,8 +106,6 @@ def holder_argv(
         argv += ["--ro-bind", str(source), dest]
     if spec.cache is not None and cache_dir is not None:
         argv += ["--bind" if spec.cache.writable else "--ro-bind", str(cache_dir), str(spec.cache.target)]
-    if spec.egress is not None:
-        argv += ["--ro-bind", spec.egress, str(EGRESS_DIR)]
     argv += ["--remount-ro", "/", "--chdir", "/", "--", *HOLDER_COMMAND]
     return argv
 

@@ -62,10 +62,9 @@ class KubernetesEngine:
     """Sandboxes as pods in one namespace, through the synchronous client (`Threaded` makes it a Backend)."""
 
     name = "kubernetes"
-    # Installers and sessions given hosts stay under the deny-all NetworkPolicy like every other pod: a pod cannot
-    # mount the proxy's socket, so the relay's connections reach it through a tunnel over the relay's exec stream.
+    # Installers and sessions given hosts stay under the deny-all NetworkPolicy like every other pod: the relay's
+    # connections reach the proxy through a tunnel over the relay's exec stream, as on every engine.
     install_network = EGRESS_NETWORK
-    egress_transport = "tunnel"
 
     def __init__(
         self,

@@ -120,8 +120,8 @@ def pod_manifest(
 ) -> Json:
     """The pod for one sandbox: idle PID 1, hardened, limited, with size-limited emptyDirs (and the cache).
 
-    `spec.egress` (the host directory of the egress proxy's socket) is never mounted: no host path reaches a pod,
-    and a sandbox that may use the proxy reaches it through the tunnel over its relay's exec stream."""
+    No host path reaches a pod: a sandbox that may use the egress proxy (`spec.egress`) reaches it through the
+    tunnel over its relay's exec stream."""
     limits = spec.limits
     pod_labels = dict(labels)
     if limits.network_mode == "none":

@@ -23,7 +23,7 @@ from llm_sandbox_mcp.backends._bubblewrap.argv import (
     nsenter_argv,
 )
 from llm_sandbox_mcp.backends._nsjail.host import Nsjail
-from llm_sandbox_mcp.models import EGRESS_DIR, WORKDIR, Limits, SandboxSpec
+from llm_sandbox_mcp.models import WORKDIR, Limits, SandboxSpec
 
 # The holder's nsjail gets SIGTERM when the server dies (it then kills the jail: a PID 1 inside ignores it).
 SETPRIV = "/usr/bin/setpriv"
@@ -84,8 +84,6 @@ def holder_argv(
         argv += ["-R", f"{source}:{dest}"]
     if spec.cache is not None and cache_dir is not None:
         argv += ["-B" if spec.cache.writable else "-R", f"{cache_dir}:{spec.cache.target}"]
-    if spec.egress is not None:
-        argv += ["-R", f"{spec.egress}:{EGRESS_DIR}"]
     # procfs writable for the per-exec nsjail's uid map of its nested user namespace (as bwrap's --proc).
     argv += ["--proc_rw", "--cwd", "/", "--seccomp_string", policy, "--", *HOLDER_COMMAND]
     return argv

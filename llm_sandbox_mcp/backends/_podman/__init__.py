@@ -11,13 +11,14 @@ give and so speaks HTTP on a connection of its own. Sync calls run in worker thr
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import json
 import logging
 import os
-import shutil
 import socket
 import sys
-import tempfile
+import tarfile
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Sequence
@@ -56,13 +57,13 @@ from llm_sandbox_mcp.models import (
 logger = logging.getLogger(__name__)
 
 _JSON = {"Content-Type": "application/json"}
-_PROFILE_NAME = "llm-sandbox-mcp-seccomp.json"
-_TEMPLATE_PROFILE_NAME = "llm-sandbox-mcp-template-seccomp.json"
+# The project's seccomp profiles live in volumes of the Podman service, one per content, written through the API.
+_PROFILE_VOLUME_PREFIX = "llm-sandbox-mcp-seccomp-"
+_PROFILE_FILE = "seccomp.json"
 _PROFILE_HINT = (
-    "the Podman service reads seccomp profiles from its own filesystem and cannot see the one this server wrote "
-    "(a remote or containerised service?). Install it on the Podman host (`llm-sandbox-mcp seccomp-profile > "
-    "/etc/containers/llm-sandbox-mcp.json`) and set SANDBOX_SECURITY_OPT=no-new-privileges:true,"
-    "seccomp=/etc/containers/llm-sandbox-mcp.json"
+    "the Podman service could not read the seccomp profile this server wrote into its volume. Install the profile "
+    "on the Podman host instead (`llm-sandbox-mcp seccomp-profile > /etc/containers/llm-sandbox-mcp.json`) and set "
+    "SANDBOX_SECURITY_OPT=no-new-privileges:true,seccomp=/etc/containers/llm-sandbox-mcp.json"
 )
 
 
@@ -82,7 +83,7 @@ class PodmanEngine:
     """Sandboxes as Podman containers, with the Docker backend's hardening, limits, labels and cache design."""
 
     name = "podman"
-    install_network = EGRESS_NETWORK  # network none; the egress proxy socket is the only way out
+    install_network = EGRESS_NETWORK  # network none; the tunnel to the egress proxy is the only way out
 
     def __init__(self, sockets: Sequence[Candidate]) -> None:
         self._sockets = list(sockets)
@@ -90,20 +91,53 @@ class PodmanEngine:
         self._socket: Candidate | None = None
         self._connect_lock = threading.Lock()
         self._images: set[str] = set()
-        self._profile_dir: str | None = None
+        # Profile content digest -> its path on the Podman host; written once per server.
+        self._profiles: dict[str, str] = {}
+        self._profile_lock = threading.Lock()
 
-    def _seccomp_profile(self, forks: bool) -> str:
-        """The project's seccomp profile (its zygote template variant for `forks`) as a file only this server can
-        write (libpod takes a path on its host)."""
-        with self._connect_lock:
-            if self._profile_dir is None:
-                directory = tempfile.mkdtemp(prefix="llm-sandbox-mcp-")
-                for name, content in ((_PROFILE_NAME, seccomp.PROFILE_JSON),
-                                      (_TEMPLATE_PROFILE_NAME, seccomp.TEMPLATE_PROFILE_JSON)):  # fmt: skip
-                    with open(os.path.join(directory, name), "x", encoding="utf-8") as profile:
-                        profile.write(content)
-                self._profile_dir = directory
-            return os.path.join(self._profile_dir, _TEMPLATE_PROFILE_NAME if forks else _PROFILE_NAME)
+    def _seccomp_profile(self, image: str, forks: bool) -> str:
+        """The path, on the Podman host, of the project's seccomp profile (its zygote template variant for
+        `forks`). libpod takes only a path, and the service's filesystem need not be this server's (a Podman
+        machine, a remote service): the profile is written through the API into a volume of the service, by
+        copying it into a container (from `image`, never started) that mounts the volume, and the path is that
+        volume's mount point on the service's host."""
+        content = (seccomp.TEMPLATE_PROFILE_JSON if forks else seccomp.PROFILE_JSON).encode()
+        digest = hashlib.sha256(content).hexdigest()[:16]
+        with self._profile_lock:
+            if digest in self._profiles:
+                return self._profiles[digest]
+            client = self._podman()
+            volume = _PROFILE_VOLUME_PREFIX + digest
+            labels = {_owner.MANAGED: "true", _owner.KIND: "seccomp-profile"}
+            try:
+                client.volumes.create(volume, labels=labels)
+            except APIError as exc:
+                if "already exists" not in str(exc.explanation):  # else another server made it
+                    raise
+            body = {
+                "image": image,
+                "command": ["true"],
+                "labels": _owner.owner_labels("seccomp-writer"),
+                "netns": {"nsmode": "none"},
+                "volumes": [{"Name": volume, "Dest": "/profile"}],
+            }
+            response = client.api.post("/containers/create", data=json.dumps(body), headers=_JSON)
+            response.raise_for_status()
+            writer = str(response.json()["Id"])
+            try:
+                archive = io.BytesIO()
+                with tarfile.open(fileobj=archive, mode="w") as tar:
+                    member = tarfile.TarInfo(_PROFILE_FILE)
+                    member.size, member.mode = len(content), 0o644
+                    tar.addfile(member, io.BytesIO(content))
+                client.api.put(
+                    f"/containers/{writer}/archive", params={"path": "/profile"}, data=archive.getvalue()
+                ).raise_for_status()
+            finally:
+                self.remove(writer)
+            mountpoint = str(client.volumes.get(volume).inspect()["Mountpoint"])
+            self._profiles[digest] = f"{mountpoint.rstrip('/')}/{_PROFILE_FILE}"
+            return self._profiles[digest]
 
     def _podman(self) -> PodmanClient:
         with self._connect_lock:
@@ -113,21 +147,15 @@ class PodmanEngine:
 
     def create(self, spec: SandboxSpec, track: Callable[[str], None]) -> str:
         api = self._podman().api
-        try:
-            body = container_spec(spec, _owner.owner_labels(), self._seccomp_profile(spec.forks))
-        except ValueError as exc:
-            raise SandboxFailure(str(exc)) from exc
         with _failing(f"create a sandbox from {spec.image!r}", seccomp_hint=True):
             self._ensure_image(spec.image)
             if spec.cache is not None and spec.cache.writable:
                 self._prepare_cache(spec)
             try:
-                response = api.post("/containers/create", data=json.dumps(body), headers=_JSON)
-                response.raise_for_status(not_found=ImageNotFound)
+                created = self._create(spec)
             except ImageNotFound as exc:
                 self._images.discard(spec.image)
                 raise ImageMissing(f"Image {spec.image!r} left Podman's image store: {detail(exc)}") from exc
-        created: dict[str, Any] = response.json()
         container_id = str(created["Id"])
         track(container_id)
         dropped = dropped_limits(created.get("Warnings") or [])
@@ -142,6 +170,29 @@ class PodmanEngine:
             self.remove(container_id)
             raise SandboxFailure(f"Podman could not start a sandbox from {spec.image!r}: {detail(exc)}") from exc
         return container_id
+
+    def _create(self, spec: SandboxSpec, again: bool = True) -> dict[str, Any]:
+        """Create the container of `spec`; the service's answer. Raises APIError, ImageNotFound."""
+        ours = seccomp.ours_applies(spec.limits.security_opt, spec.limits.privileged)
+        profile = self._seccomp_profile(spec.image, spec.forks) if ours else None
+        try:
+            body = container_spec(spec, _owner.owner_labels(), profile)
+        except ValueError as exc:
+            raise SandboxFailure(str(exc)) from exc
+        try:
+            response = self._podman().api.post("/containers/create", data=json.dumps(body), headers=_JSON)
+            response.raise_for_status(not_found=ImageNotFound)
+        except ImageNotFound:
+            raise
+        except APIError as exc:
+            # The profile's volume may have gone since (`podman volume prune` finds it unused): write it again.
+            if not again or profile is None or "seccomp profile" not in detail(exc):
+                raise
+            with self._profile_lock:
+                self._profiles.clear()
+            return self._create(spec, again=False)
+        created: dict[str, Any] = response.json()
+        return created
 
     def _prepare_cache(self, spec: SandboxSpec) -> None:
         """Create the cache volume owned by the sandbox user (a volume option), so the installer needs no root."""
@@ -363,9 +414,6 @@ class PodmanEngine:
         if self._client is not None:
             self._client.close()
             self._client = None
-        if self._profile_dir is not None:
-            shutil.rmtree(self._profile_dir, ignore_errors=True)
-            self._profile_dir = None
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from llm_sandbox_mcp.backends._container import CACHE_PREFIX, INIT, oom_score_adj, rlimits
-from llm_sandbox_mcp.models import EGRESS_DIR, WORKDIR, SandboxSpec
+from llm_sandbox_mcp.models import WORKDIR, SandboxSpec
 from llm_sandbox_mcp.seccomp import ours_applies
 
 _CPU_PERIOD = 100_000
@@ -113,15 +113,6 @@ def container_spec(spec: SandboxSpec, labels: Mapping[str, str], seccomp_path: s
     if spec.cache is not None:
         options = ["nosuid", "nodev"] + ([] if spec.cache.writable else ["ro"])
         body["volumes"] = [{"Name": CACHE_PREFIX + spec.cache.key, "Dest": str(spec.cache.target), "Options": options}]
-    if spec.egress is not None:
-        body["mounts"].append(
-            {
-                "destination": str(EGRESS_DIR),
-                "type": "bind",
-                "source": spec.egress,
-                "options": ["ro", "nosuid", "nodev"],
-            }
-        )
     return body
 
 
