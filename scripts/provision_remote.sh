@@ -14,9 +14,6 @@ REMOTE_RUN=/run/llm-sandbox-remote           # shared with the engines: their so
 REMOTE_STATE=/run/llm-sandbox-mcp-remote     # the host's notes: pid and mount namespace of each engine
 REMOTE_SUITE=trixie
 REMOTE_PACKAGES=(docker.io podman containerd runc)
-# Temporary, for the tests only, until the Podman backend hands its seccomp profile over without a path on the
-# service's host: the profile installed in the engines' root filesystem, where SANDBOX_SECURITY_OPT can name it.
-REMOTE_SECCOMP_PROFILE=/etc/containers/llm-sandbox-mcp.json
 
 remote_containers_conf() {
   cat <<'EOF'
@@ -237,7 +234,7 @@ remote_project_tags() { # remote_project_tags ENGINE ENV...: the project images 
     awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^localhost\/llm-sandbox-mcp-/) print $i }'
 }
 
-step_remote_project_images() { # the project images built on the main engines, copied; the seccomp profile
+step_remote_project_images() { # the project images built on the main engines, copied
   local engine env=() tags lang job jobs=()
   [[ -n $CLI ]] || return 0
   for lang in "${LANGUAGES[@]}"; do env+=("SANDBOX_IMAGE_${lang^^}=${IMAGE[$lang]}"); done
@@ -249,7 +246,4 @@ step_remote_project_images() { # the project images built on the main engines, c
     jobs+=($!)
   done
   for job in "${jobs[@]}"; do wait "$job" || exit 1; done
-  # Temporary (see REMOTE_SECCOMP_PROFILE).
-  "$CLI" seccomp-profile >"$REMOTE_ROOTFS$REMOTE_SECCOMP_PROFILE.new" &&
-    mv "$REMOTE_ROOTFS$REMOTE_SECCOMP_PROFILE.new" "$REMOTE_ROOTFS$REMOTE_SECCOMP_PROFILE"
 }

@@ -94,6 +94,7 @@ REMOTE_TESTS = {
     "tests/engines/test_languages.py::test_a_library_installs_and_the_code_uses_it": "javascript",
     "tests/engines/test_egress.py::test_a_library_installs_through_the_proxy": "",
     "tests/engines/test_egress.py::test_a_session_reaches_its_hosts_and_nothing_else": "",
+    "tests/engines/test_egress.py::test_installs_and_sessions_need_nothing_of_the_servers_filesystem": "",
     **{
         _HOSTILE + name: ""
         for name in (
@@ -111,10 +112,6 @@ REMOTE_TESTS = {
         )
     },
 }
-# Temporary, until the Podman backend hands its seccomp profile over without a path on the service's host (today
-# Podman 5 across the boundary refuses every sandbox with the profile's path): the profile provisioning installs
-# in the remote engines' root filesystem, named as an operator would.
-REMOTE_PODMAN_SECURITY_OPT = ["no-new-privileges:true", "seccomp=/etc/containers/llm-sandbox-mcp.json"]
 # The host's trust store: behind a TLS-inspecting proxy the images' own bundles are not enough to install.
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
@@ -165,8 +162,6 @@ def engine_settings(name: str, **overrides: Any) -> Settings:
     if name in REMOTE_ENGINES:
         backend, socket = REMOTE_ENGINES[name]
         base.update({"backend": backend, f"{backend}_host": socket})
-        if backend == "podman":
-            base["sandbox_security_opt"] = REMOTE_PODMAN_SECURITY_OPT
     if name == "kubernetes":
         base["kubeconfig"] = kube.kubeconfig()
         base["sandbox_k8s_seccomp_profile"] = kube.SECCOMP_PROFILE

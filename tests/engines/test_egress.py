@@ -20,14 +20,12 @@ import anyio
 import pytest
 
 from llm_sandbox_mcp.backends import load_backend
-from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import InstallFailed
 from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.seccomp import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, SYSCALLS
 from llm_sandbox_mcp.sessions import SessionRegistry
 from tests.engines.conftest import engine_settings, require
 from tests.engines.test_contract import SYSCALL_ANSWERS, SYSCALL_PROBE
-from tests.support.boundary import boundary_docker, boundary_podman
 from tests.support.egress import loopback_name
 from tests.support.registries import (
     Package,
@@ -210,26 +208,6 @@ async def test_a_session_reaches_its_hosts_and_nothing_else(
     assert killed.exit_code != 0 and re.search("Connection (refused|reset)", killed.stderr), killed.stderr
 
 
-@pytest.fixture(scope="module")
-def boundary_docker_host() -> Iterator[str]:
-    """An engine across a filesystem boundary (tests/support/boundary.py), holding only the base Python image."""
-    try:
-        with boundary_docker([Settings(sandbox_project_images=False).image_for("python")]) as url:
-            yield url
-    except RuntimeError as exc:
-        pytest.fail(str(exc))
-
-
-@pytest.fixture(scope="module")
-def boundary_podman_host() -> Iterator[str]:
-    """A Podman service across a filesystem boundary (tests/support/boundary.py), sharing the local image store."""
-    try:
-        with boundary_podman() as url:
-            yield url
-    except RuntimeError as exc:
-        pytest.fail(str(exc))
-
-
 # Read in the sandbox: the hardening every sandbox gets, which a profile that never reached the engine would lose.
 HARDENING = """
 import json, os
@@ -249,8 +227,8 @@ print(json.dumps([status["Seccomp"], status["NoNewPrivs"], status["CapEff"], os.
     [
         pytest.param("docker", marks=pytest.mark.docker),
         pytest.param("podman", marks=pytest.mark.podman),
-        pytest.param("docker-boundary", marks=pytest.mark.docker),
-        pytest.param("podman-boundary", marks=pytest.mark.podman),
+        pytest.param("docker-remote", marks=getattr(pytest.mark, "docker-remote")),
+        pytest.param("podman-remote", marks=getattr(pytest.mark, "podman-remote")),
     ],
 )
 async def test_installs_and_sessions_need_nothing_of_the_servers_filesystem(
@@ -260,19 +238,13 @@ async def test_installs_and_sessions_need_nothing_of_the_servers_filesystem(
     installs and a session reaches its host through the proxy, as on a local engine: the sandbox's own stream
     carries its connections, and no path of the server's is mounted. Its sandboxes keep every setting, the
     project's seccomp profile included (which Podman takes only as a path on its own host)."""
-    engine = where.removesuffix("-boundary")
     x86 = platform.machine() == "x86_64"
-    elsewhere: dict[str, object] = {}
-    if where == "docker-boundary":
-        elsewhere = {"docker_host": request.getfixturevalue("boundary_docker_host"), "sandbox_project_images": False}
-    elif where == "podman-boundary":
-        elsewhere = {"podman_host": request.getfixturevalue("boundary_podman_host"), "sandbox_project_images": False}
     name, _ = loopback_name()
     named = registries.settings["sandbox_goproxy"].removesuffix("/go")
     host = f"{name}:{named.rsplit(':', 1)[1]}"
     package = registries.packages["python"]
-    settings = {**registries.settings, "sandbox_session_allow_hosts": [host], **elsewhere}
-    async with _executor(request, engine, {package.spec}, **settings) as executor:
+    settings = {**registries.settings, "sandbox_session_allow_hosts": [host]}
+    async with _executor(request, where, {package.spec}, **settings) as executor:
         hardening = await executor.execute(HARDENING, "python", timeout=60)
         table = SYSCALL_PROBE % json.dumps(SYSCALLS[AUDIT_ARCH_X86_64 if x86 else AUDIT_ARCH_AARCH64])
         syscalls = await executor.execute(textwrap.dedent(table), "python", timeout=60)
