@@ -97,16 +97,10 @@ def start(settings: Settings, engine: str, recipe: Recipe, files: BuildFiles) ->
     files.log.parent.mkdir(parents=True, exist_ok=True)
     # Appended to: where two servers start a build at once, the second waits for the first, both writing here.
     with open(files.log, "ab") as log:
+        # Windows ignores start_new_session; elsewhere creationflags must stay 0.
+        flags = 0
         if sys.platform == "win32":
             flags = subprocess.DETACHED_PROCESS | subprocess.CREATE_NEW_PROCESS_GROUP | subprocess.CREATE_NO_WINDOW
-            return subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                env=settings_env(settings, engine),
-                creationflags=flags,
-            )
         return subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -114,4 +108,5 @@ def start(settings: Settings, engine: str, recipe: Recipe, files: BuildFiles) ->
             stderr=log,
             env=settings_env(settings, engine),
             start_new_session=True,
+            creationflags=flags,
         )
