@@ -18,37 +18,37 @@ class PipeStandIn:
     made = 0
 
     def __init__(self, sock: socket.socket, holder: Any = None) -> None:
-        self._sock = sock
+        self._socket = sock
         self._holder = holder  # the SDK's file object over the socket, closed with it
         PipeStandIn.made += 1
 
     def recv(self, size: int) -> bytes:
-        return self._sock.recv(size)
+        return self._socket.recv(size)
 
     def recv_into(self, buffer: memoryview, nbytes: int = 0) -> int:
-        return self._sock.recv_into(buffer, nbytes)
+        return self._socket.recv_into(buffer, nbytes)
 
     def send(self, data: bytes | memoryview) -> int:
         if not len(data):
-            self._sock.shutdown(socket.SHUT_WR)
+            self._socket.shutdown(socket.SHUT_WR)
             return 0
-        return self._sock.send(data)
+        return self._socket.send(data)
 
     def sendall(self, data: bytes) -> int:
         return self.send(data)  # what the SDK's does: one write
 
     def settimeout(self, value: float | None) -> None:
-        self._sock.settimeout(value)
+        self._socket.settimeout(value)
 
     def gettimeout(self) -> float | None:
-        return self._sock.gettimeout()
+        return self._socket.gettimeout()
 
     def shutdown(self, how: int) -> None:
         self.close()
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
+            self._socket.shutdown(socket.SHUT_RDWR)
         if self._holder is not None:
             self._holder.close()
-        self._sock.close()
+        self._socket.close()
