@@ -9,7 +9,6 @@ import contextlib
 import io
 import logging
 import os
-import socket
 import sys
 import threading
 import time
@@ -37,7 +36,7 @@ from llm_sandbox_mcp.backends._container import (
 )
 from llm_sandbox_mcp.backends._docker_discovery import discovered
 from llm_sandbox_mcp.backends._endpoints import Candidate
-from llm_sandbox_mcp.backends._stream import SocketProcess, pump, send_stdin
+from llm_sandbox_mcp.backends._stream import ExecStream, SocketProcess, pump
 from llm_sandbox_mcp.backends._threaded import ThreadedBuilder
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import ImageMissing, SandboxFailure
@@ -270,13 +269,10 @@ class DockerEngine:
             raise SandboxFailure(f"The sandbox {ref.id[:12]} is gone (killed or removed)") from exc
         except docker.errors.APIError as exc:
             raise SandboxFailure(f"Docker could not run a process in the sandbox: {exc.explanation}") from exc
-        sock = cast(socket.socket, getattr(stream, "_sock", stream))
+        sock = _exec_stream(stream)
         out, err = captures(output_limit, on_output)
         try:
-            # The process may exit without reading its input; its output still tells why.
-            with contextlib.suppress(OSError):
-                send_stdin(sock, stdin)
-            timed_out = pump(sock, out, err, started + timeout, lambda: self._kill_all(ref.id))
+            timed_out = pump(sock, out, err, started + timeout, lambda: self._kill_all(ref.id), stdin=stdin)
         finally:
             stream.close()
             sock.close()
@@ -293,8 +289,7 @@ class DockerEngine:
             stream = api.exec_start(exec_id, socket=True)
         except docker.errors.APIError as exc:
             raise SandboxFailure(f"Docker could not start a process in the sandbox: {exc.explanation}") from exc
-        sock = cast(socket.socket, getattr(stream, "_sock", stream))
-        return SocketProcess(sock, stream.close)
+        return SocketProcess(_exec_stream(stream), stream.close)
 
     def _exit_code(self, exec_id: str) -> int:
         api = self._docker().api
@@ -362,6 +357,11 @@ class DockerEngine:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def _exec_stream(stream: object) -> ExecStream:
+    """The stream under what `exec_start(socket=True)` returned: a socket, or on Windows the SDK's named pipe."""
+    return cast(ExecStream, getattr(stream, "_sock", stream))
 
 
 def _user(ref: SandboxRef) -> str:

@@ -1,17 +1,21 @@
 """Pumping a Docker-style multiplexed exec stream (8-byte frame headers) with a deadline.
 
-Used by the Docker and Podman backends, whose exec sockets speak the same framing.
+Used by the Docker and Podman backends, whose exec streams speak the same framing. A stream is a socket, waited
+on with `select`, or on Windows the docker SDK's named pipe (`NpipeSocket`), which `select` cannot wait on: that
+one is read by a thread of its own with blocking reads (see `PipeReader`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import queue
 import select
 import socket
 import struct
-import sys
+import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import anyio.to_thread
 
@@ -23,18 +27,40 @@ _CHUNK = 65536
 # After a kill, wait this long for the stream to close before giving up on it.
 _DRAIN_SECONDS = 3.0
 _STDERR_TAIL = 64 * 1024
+# Chunks a pipe's reader thread may hold before it waits for them to be taken (what a socket's buffer does).
+_PIPE_BACKLOG = 16
 
 
-def send_stdin(sock: socket.socket, data: bytes) -> None:
-    """Write stdin and half-close, so the process sees end of file."""
-    if data:
-        sock.sendall(data)
-    _half_close(sock)
+class ExecStream(Protocol):
+    """What both kinds of stream offer: the part of the socket API the docker SDK's `NpipeSocket` implements."""
+
+    def recv_into(self, buffer: memoryview, nbytes: int = 0, /) -> int: ...
+
+    def send(self, data: bytes | memoryview, /) -> int: ...
+
+    def settimeout(self, value: float | None, /) -> None: ...
+
+    def close(self) -> None: ...
 
 
-def _half_close(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_WR)
+def end_input(stream: ExecStream) -> None:
+    """Tell the process its stdin is at end of file.
+
+    A socket is half-closed. A named pipe cannot be (the SDK's `shutdown` closes it); Docker's pipe is a message
+    pipe, where a zero-byte write is the end-of-input signal, the way the docker CLI half-closes on Windows.
+    """
+    if isinstance(stream, socket.socket):
+        with contextlib.suppress(OSError):
+            stream.shutdown(socket.SHUT_WR)
+        return
+    with contextlib.suppress(Exception):  # pywin32's errors are not OSErrors
+        stream.send(b"")
+
+
+def _send_all(stream: ExecStream, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[stream.send(view[:_CHUNK]) :]
 
 
 def _write_some(sock: socket.socket, pending: memoryview) -> memoryview | None:
@@ -47,21 +73,51 @@ def _write_some(sock: socket.socket, pending: memoryview) -> memoryview | None:
         return None
 
 
-NAMED_PIPE_HINT = (
-    "on Windows this server streams a process's output through sockets only, and the engine was reached through a "
-    "named pipe: run the server in WSL2, or reach Docker over TCP (Docker Desktop: Settings > General > Expose "
-    "daemon on tcp://localhost:2375 without TLS, then DOCKER_HOST=tcp://localhost:2375)"
-)
+class PipeReader:
+    """Reads a stream in a thread of its own with blocking reads, handing over each chunk in order.
 
+    Blocking reads are what a named pipe offers safely: the SDK's read with a timeout cancels the read when the
+    timeout passes, and bytes that arrived meanwhile are lost. The thread ends when the stream ends or is closed.
+    """
 
-def _require_socket(sock: object, closer: Callable[[], object] | None = None) -> None:
-    """Refuse, with the way out, a stream that `select` cannot wait on: Windows' select takes sockets only."""
-    if sys.platform != "win32":
-        return
-    if not isinstance(sock, socket.socket):
-        if closer is not None:
-            closer()
-        raise SandboxFailure(f"Cannot read the sandbox process's output: {NAMED_PIPE_HINT}")
+    def __init__(self, stream: ExecStream) -> None:
+        self._chunks: queue.Queue[bytes] = queue.Queue(_PIPE_BACKLOG)
+        self._ended = False
+        self._stopped = threading.Event()
+        stream.settimeout(None)
+        threading.Thread(target=self._read, args=(stream,), name="exec-pipe-reader", daemon=True).start()
+
+    def _read(self, stream: ExecStream) -> None:
+        buffer = memoryview(bytearray(_CHUNK))
+        while True:
+            try:
+                size = stream.recv_into(buffer)
+            except Exception:  # closed, or the engine ended the pipe (pywin32 raises its own error type)
+                size = 0
+            chunk = bytes(buffer[:size])
+            while not self._stopped.is_set():
+                try:
+                    self._chunks.put(chunk, timeout=0.5)
+                    break
+                except queue.Full:
+                    continue
+            if not chunk or self._stopped.is_set():
+                return
+
+    def get(self, timeout: float) -> bytes | None:
+        """The next chunk; b"" once the stream has ended; None when nothing came within `timeout`."""
+        if self._ended:
+            return b""
+        try:
+            chunk = self._chunks.get(timeout=max(0.0, timeout))
+        except queue.Empty:
+            return None
+        self._ended = not chunk
+        return chunk
+
+    def stop(self) -> None:
+        """Let the thread go once its read returns (closing the stream ends a read that is waiting)."""
+        self._stopped.set()
 
 
 class FrameReader:
@@ -82,8 +138,65 @@ class FrameReader:
         return frames
 
 
+class _SelectedSocket:
+    """Waiting on a socket with `select`, writing stdin as the process takes it, then half-closing."""
+
+    def __init__(self, sock: socket.socket, stdin: bytes | None) -> None:
+        self._sock = sock
+        self._pending = memoryview(stdin) if stdin is not None else None
+        sock.setblocking(False)
+
+    def next_chunk(self, wait: float) -> bytes | None:
+        if self._pending is not None and not self._pending:
+            end_input(self._sock)
+            self._pending = None
+        writers = [self._sock] if self._pending is not None else []
+        ready, writable, _ = select.select([self._sock], writers, [], wait)
+        if writable and self._pending is not None:
+            self._pending = _write_some(self._sock, self._pending)
+        if not ready:
+            return None
+        try:
+            return self._sock.recv(_CHUNK)
+        except BlockingIOError:
+            return None
+        except OSError:
+            return b""
+
+    def stop_input(self) -> None:
+        self._pending = None
+
+    def done(self) -> None:
+        """Nothing runs in the background."""
+
+
+class _ReadPipe:
+    """A stream `select` cannot wait on: a reader thread, and a writer thread for stdin (then end of input)."""
+
+    def __init__(self, stream: ExecStream, stdin: bytes | None) -> None:
+        self._reader = PipeReader(stream)
+        if stdin is not None:
+            threading.Thread(target=self._feed, args=(stream, stdin), name="exec-pipe-writer", daemon=True).start()
+
+    @staticmethod
+    def _feed(stream: ExecStream, stdin: bytes) -> None:
+        # Ends with an error once the process is gone or the stream is closed, input unread: nothing to do then.
+        with contextlib.suppress(Exception):
+            _send_all(stream, stdin)
+            end_input(stream)
+
+    def next_chunk(self, wait: float) -> bytes | None:
+        return self._reader.get(wait)
+
+    def stop_input(self) -> None:
+        """The writer blocks until the process reads or the stream is closed; either ends it."""
+
+    def done(self) -> None:
+        self._reader.stop()
+
+
 def pump(
-    sock: socket.socket,
+    stream: ExecStream,
     out: HeadTail,
     err: HeadTail,
     deadline: float,
@@ -92,67 +205,58 @@ def pump(
 ) -> bool:
     """Read frames into `out`/`err` until the stream ends; call `on_timeout` once at the deadline.
 
-    With `stdin`, also write it as the process takes it, then half-close: a process that writes before it has
+    With `stdin`, also write it as the process takes it, then end its input: a process that writes before it has
     read all its input cannot then block against us (Podman, unlike Docker, does not buffer its output).
     Returns True when the deadline passed (or the output went over its read budget, which ends it the same way).
+    The caller closes `stream` afterwards.
     """
-    _require_socket(sock)
+    source = _SelectedSocket(stream, stdin) if isinstance(stream, socket.socket) else _ReadPipe(stream, stdin)
     reader = FrameReader()
     sinks = {1: out, 2: err}
-    pending = memoryview(stdin) if stdin is not None else None
     timed_out = False
     hard_stop = float("inf")
-    sock.setblocking(False)
-    while True:
-        if pending is not None and not pending:
-            _half_close(sock)
-            pending = None
-        now = time.monotonic()
-        if not timed_out and now >= deadline:
-            timed_out, pending = True, None
-            on_timeout()
-            hard_stop = time.monotonic() + _DRAIN_SECONDS
-        if now >= hard_stop:
-            break
-        wait = (deadline if not timed_out else hard_stop) - now
-        writers = [sock] if pending is not None else []
-        ready, writable, _ = select.select([sock], writers, [], max(0.0, min(wait, 1.0)))
-        if writable and pending is not None:
-            pending = _write_some(sock, pending)
-        if not ready:
-            continue
-        try:
-            chunk = sock.recv(_CHUNK)
-        except BlockingIOError:
-            continue
-        except OSError:
-            break
-        if not chunk:
-            break
-        for stream, payload in reader.feed(chunk):
-            sink = sinks.get(stream)
-            if sink is not None:
-                sink.feed(payload)
-                if sink.flooded:
-                    deadline = min(deadline, now)  # stopped like at its deadline, without reading more
+    try:
+        while True:
+            now = time.monotonic()
+            if not timed_out and now >= deadline:
+                timed_out = True
+                source.stop_input()
+                on_timeout()
+                hard_stop = time.monotonic() + _DRAIN_SECONDS
+            if now >= hard_stop:
+                break
+            wait = (deadline if not timed_out else hard_stop) - now
+            chunk = source.next_chunk(max(0.0, min(wait, 1.0)))
+            if chunk is None:
+                continue
+            if not chunk:
+                break
+            for kind, payload in reader.feed(chunk):
+                sink = sinks.get(kind)
+                if sink is not None:
+                    sink.feed(payload)
+                    if sink.flooded:
+                        deadline = min(deadline, now)  # stopped like at its deadline, without reading more
+    finally:
+        source.done()
     return timed_out
 
 
 class SocketProcess:
-    """A process behind a multiplexed exec socket, as a SandboxProcess. Blocking IO runs in worker threads."""
+    """A process behind a multiplexed exec stream, as a SandboxProcess. Blocking IO runs in worker threads."""
 
-    def __init__(self, sock: socket.socket, closer: Callable[[], object]) -> None:
-        _require_socket(sock, closer)
-        self._sock = sock
+    def __init__(self, stream: ExecStream, closer: Callable[[], object]) -> None:
+        self._stream = stream
         self._closer = closer
+        self._pipe = None if isinstance(stream, socket.socket) else PipeReader(stream)
         self._reader = FrameReader()
         self._stderr_tail = bytearray()
         self._closed = False
 
     async def send(self, data: bytes) -> None:
         try:
-            await anyio.to_thread.run_sync(self._sock.sendall, data)
-        except OSError as exc:
+            await anyio.to_thread.run_sync(_send_all, self._stream, data)
+        except Exception as exc:  # an OSError, or pywin32's error on a named pipe
             raise SandboxFailure(f"The sandbox process is gone ({exc})") from exc
 
     async def receive(self, timeout: float) -> bytes | None:
@@ -176,11 +280,15 @@ class SocketProcess:
     def _recv(self, timeout: float) -> bytes | None:
         if self._closed:
             return b""
-        ready, _, _ = select.select([self._sock], [], [], timeout)
+        if self._pipe is not None:
+            return self._pipe.get(timeout)
+        sock = self._stream
+        assert isinstance(sock, socket.socket)
+        ready, _, _ = select.select([sock], [], [], timeout)
         if not ready:
             return None
         try:
-            return self._sock.recv(_CHUNK)
+            return sock.recv(_CHUNK)
         except BlockingIOError:
             return None
         except OSError:
@@ -191,10 +299,13 @@ class SocketProcess:
 
     async def aclose(self) -> None:
         self._closed = True
-        with contextlib.suppress(OSError):
-            # Wakes a read waiting in a worker thread now (closing the socket alone would leave its select()
-            # waiting out its timeout).
-            self._sock.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(OSError):
-            self._sock.close()
+        if self._pipe is not None:
+            self._pipe.stop()
+        elif isinstance(self._stream, socket.socket):
+            with contextlib.suppress(OSError):
+                # Wakes a read waiting in a worker thread now (closing the socket alone would leave its select()
+                # waiting out its timeout).
+                self._stream.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(Exception):
+            self._stream.close()
         self._closer()
