@@ -1,12 +1,12 @@
 """The server leaves nothing behind: not when its client goes away, not when it is sent SIGTERM. Each case has a
-warm pool and a session whose egress proxy has a socket directory, so there is something of every kind to remove."""
+warm pool and a session given a host (its egress relay runs in the sandbox, its proxy in the server), so there is
+something of every kind to remove."""
 
 from __future__ import annotations
 
 import json
 import signal
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -66,10 +66,6 @@ def _host_records_of(pid: int) -> list[dict[str, Any]]:
     return found
 
 
-def _egress_directories_of(pid: int) -> list[Path]:
-    return list(Path(tempfile.gettempdir()).glob(f"llm-sandbox-egress-{pid}.*"))
-
-
 ENGINES = [pytest.param("docker", marks=pytest.mark.docker), pytest.param("bubblewrap", marks=pytest.mark.bubblewrap)]
 
 
@@ -108,7 +104,6 @@ def test_every_sandbox_is_removed_when_the_server_stops(request: pytest.FixtureR
         assert len(sandboxes()) >= 2, "the warm pool and the session should each hold a sandbox"
         cgroups = [Path(d) for state in _host_records_of(pid) for d in state.get("cgroups", [])]
         assert (engine == "docker") != bool(cgroups), "bubblewrap sandboxes each have cgroups, containers none here"
-        assert _egress_directories_of(pid), "the session's egress proxy should have a socket directory"
         if how == "SIGTERM":
             server.send_signal(signal.SIGTERM)
         else:
@@ -119,7 +114,6 @@ def test_every_sandbox_is_removed_when_the_server_stops(request: pytest.FixtureR
             time.sleep(0.2)
         assert sandboxes() == []
         assert [d for d in cgroups if d.exists()] == []
-        assert _egress_directories_of(pid) == []
     finally:
         if server.poll() is None:
             server.kill()
