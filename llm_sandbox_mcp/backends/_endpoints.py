@@ -10,6 +10,7 @@ API socket on this host, then the rootful and rootless sockets (`_podman.service
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -179,16 +180,31 @@ def absent(url: str) -> bool:
     return path is not None and not os.path.exists(path)
 
 
+def connect(url: str, timeout: float) -> socket.socket:
+    """A new stream connection to the service at `url` (unix or tcp). Raises OSError."""
+    path = unix_path(url)
+    if path is None:
+        parsed = urlparse(url)
+        return socket.create_connection((parsed.hostname or "localhost", parsed.port or 80), timeout=timeout)
+    if sys.platform == "win32":
+        raise OSError(errno.EAFNOSUPPORT, "this Python has no UNIX sockets on Windows; use a tcp:// address")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def refuses(url: str) -> str | None:
     """Why nothing answers on a UNIX socket URL (e.g. "Connection refused"), or None when something listens or
     the address is not a UNIX socket. Checked before an SDK connects: they leak the socket of a failed connection."""
-    path = unix_path(url)
-    if path is None or sys.platform == "win32":
+    if unix_path(url) is None or sys.platform == "win32":
         return None
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(10)
-        try:
-            probe.connect(path)
-        except OSError as exc:
-            return exc.strerror or str(exc)
+    try:
+        connect(url, timeout=10).close()
+    except OSError as exc:
+        return exc.strerror or str(exc)
     return None

@@ -7,7 +7,7 @@ import socket
 import uuid
 from collections.abc import Mapping
 
-from llm_sandbox_mcp.process_start import process_start as process_start
+from llm_sandbox_mcp.process_start import process_start
 
 LABEL_PREFIX = "llm-sandbox-mcp"
 MANAGED = f"{LABEL_PREFIX}.managed"

@@ -17,9 +17,6 @@ Discovery order (the first that applies wins):
 
 from __future__ import annotations
 
-import errno
-import socket
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +27,7 @@ from podman import PodmanClient
 from podman.errors.exceptions import APIError
 
 from llm_sandbox_mcp.backends._endpoints import Candidate as Candidate
+from llm_sandbox_mcp.backends._endpoints import connect as connect
 from llm_sandbox_mcp.backends._endpoints import podman_connections
 from llm_sandbox_mcp.backends._endpoints import unix_path as unix_path
 from llm_sandbox_mcp.errors import BackendUnavailable
@@ -171,21 +169,3 @@ def check_scheme(url: str) -> None:
         )
     if scheme not in ("unix", "http+unix", "tcp", "http"):
         raise ValueError(f"unsupported address {url!r}; use unix:///path/to/podman.sock or tcp://host:port")
-
-
-def connect(url: str, timeout: float) -> socket.socket:
-    """A new stream connection to the service at `url` (unix or tcp). Raises OSError."""
-    path = unix_path(url)
-    if path is None:
-        parsed = urlparse(url)
-        return socket.create_connection((parsed.hostname or "localhost", parsed.port or 80), timeout=timeout)
-    if sys.platform == "win32":
-        raise OSError(errno.EAFNOSUPPORT, "this Python has no UNIX sockets on Windows; use a tcp:// address")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
-    try:
-        sock.connect(path)
-    except OSError:
-        sock.close()
-        raise
-    return sock
