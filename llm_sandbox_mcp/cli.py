@@ -126,8 +126,8 @@ async def _serve(settings: Settings) -> None:
     The stdio transport reads stdin in a worker thread that no cancellation can stop, so on a signal the
     sandboxes are removed here and the process exits at once.
     """
-    from llm_sandbox_mcp.server import build_server
-    from llm_sandbox_mcp.state import AppState
+    from llm_sandbox_mcp.server.app import build_server
+    from llm_sandbox_mcp.server.state import AppState
 
     state = AppState(settings)
     server = build_server(settings, state=state)

@@ -21,8 +21,8 @@ sys.path.insert(0, str(ROOT))
 
 from llm_sandbox_mcp import __version__  # noqa: E402
 from llm_sandbox_mcp.config import Settings  # noqa: E402
-from llm_sandbox_mcp.metadata import TITLE  # noqa: E402
-from llm_sandbox_mcp.server import build_server  # noqa: E402
+from llm_sandbox_mcp.server.app import build_server  # noqa: E402
+from llm_sandbox_mcp.server.metadata import TITLE  # noqa: E402
 
 # (user_config key, variable, type, title, description)
 USER_CONFIG = (

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from llm_sandbox_mcp import __version__  # noqa: E402
 from llm_sandbox_mcp.config import Settings, env_name, parse_size, parse_size_or_zero  # noqa: E402
-from llm_sandbox_mcp.metadata import TITLE  # noqa: E402
+from llm_sandbox_mcp.server.metadata import TITLE  # noqa: E402
 
 SCHEMA = "https://static.modelcontextprotocol.io/schemas/2025-12-11/server.schema.json"
 NAME = "io.github.llm-sandbox-mcp/llm-sandbox-mcp"

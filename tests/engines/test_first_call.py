@@ -24,8 +24,8 @@ from mcp_types import CallToolResult, TextContent
 
 from llm_sandbox_mcp import images
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.server import build_server
-from llm_sandbox_mcp.state import AppState
+from llm_sandbox_mcp.server.app import build_server
+from llm_sandbox_mcp.server.state import AppState
 from tests.engines.conftest import engine_settings, require
 from tests.support.standin_index import StandInIndex, standin_index
 

@@ -10,7 +10,7 @@ from mcp import Client
 from mcp_types import CallToolResult, TextContent
 
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.server import build_server
+from llm_sandbox_mcp.server.app import build_server
 from tests.support.fakes import FakeBackend
 
 pytestmark = pytest.mark.anyio

@@ -24,8 +24,8 @@ from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.hints import missing_library, missing_library_hint
 from llm_sandbox_mcp.images.detached import BuildFiles
 from llm_sandbox_mcp.languages import LANGUAGES
-from llm_sandbox_mcp.server import build_server
-from llm_sandbox_mcp.state import AppState
+from llm_sandbox_mcp.server.app import build_server
+from llm_sandbox_mcp.server.state import AppState
 from tests.support.fakes import FakeBackend, ok
 
 

@@ -13,7 +13,7 @@ from mcp_types import CallToolResult, ImageContent, TextContent
 
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.models import ExecResult, Live
-from llm_sandbox_mcp.server import build_server
+from llm_sandbox_mcp.server.app import build_server
 from tests.support.fakes import Call, FakeBackend, ok
 
 pytestmark = pytest.mark.anyio

@@ -12,8 +12,8 @@ from mcp import Client
 
 from llm_sandbox_mcp import __version__
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.metadata import DESCRIPTION
-from llm_sandbox_mcp.server import build_server
+from llm_sandbox_mcp.server.app import build_server
+from llm_sandbox_mcp.server.metadata import DESCRIPTION
 from tests.support.fakes import FakeBackend
 
 pytestmark = pytest.mark.anyio

@@ -12,7 +12,7 @@ from mcp import Client
 from mcp_types import TextContent, TextResourceContents
 
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.server import build_server
+from llm_sandbox_mcp.server.app import build_server
 
 pytestmark = pytest.mark.anyio
 

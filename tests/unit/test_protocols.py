@@ -21,8 +21,8 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION, MODERN_PROTOCOL_VERSIONS
 
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.server import build_server
-from llm_sandbox_mcp.state import AppState
+from llm_sandbox_mcp.server.app import build_server
+from llm_sandbox_mcp.server.state import AppState
 from tests.support.fakes import FakeBackend, ok
 from tests.support.protocol import check_printed_1, check_tools, initialize_at
 

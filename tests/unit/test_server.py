@@ -11,7 +11,7 @@ from mcp_types import CallToolResult, EmbeddedResource, ImageContent, TextConten
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing
 from llm_sandbox_mcp.models import ExecResult
-from llm_sandbox_mcp.server import build_server
+from llm_sandbox_mcp.server.app import build_server
 from tests.support.fakes import Call, FakeBackend, ok
 from tests.support.protocol import TOOLS
 

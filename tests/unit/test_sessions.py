@@ -11,9 +11,9 @@ from mcp_types import CallToolResult, TextContent
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxNotFound
 from llm_sandbox_mcp.executor import Executor
-from llm_sandbox_mcp.server import build_server
+from llm_sandbox_mcp.server.app import build_server
+from llm_sandbox_mcp.server.state import AppState
 from llm_sandbox_mcp.sessions import SessionRegistry
-from llm_sandbox_mcp.state import AppState
 from tests.support.fakes import Call, FakeBackend, ok
 
 pytestmark = pytest.mark.anyio

@@ -11,8 +11,8 @@ import sys
 _BEFORE_TOOLS_LIST = """
 import json, sys
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.server import build_server
-from llm_sandbox_mcp.state import AppState
+from llm_sandbox_mcp.server.app import build_server
+from llm_sandbox_mcp.server.state import AppState
 import llm_sandbox_mcp.cli
 settings = Settings()
 build_server(settings, state=AppState(settings))
@@ -42,5 +42,5 @@ def test_declaring_the_tools_imports_neither_the_engine_side_nor_other_commands(
         [sys.executable, "-c", _BEFORE_TOOLS_LIST], capture_output=True, text=True, check=True, timeout=60
     )
     loaded = set(json.loads(done.stdout))
-    assert "llm_sandbox_mcp.server" in loaded
+    assert "llm_sandbox_mcp.server.app" in loaded
     assert sorted(loaded.intersection(_NOT_NEEDED)) == []

@@ -20,7 +20,7 @@ from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, InvalidRequest, SandboxError
 from llm_sandbox_mcp.languages import LANGUAGES, Language, get_language
 from llm_sandbox_mcp.models import Execution, Live
-from llm_sandbox_mcp.results import (
+from llm_sandbox_mcp.server.results import (
     Closed,
     Download,
     FileInfo,

@@ -12,9 +12,9 @@ from mcp_types import CallToolResult
 from pydantic import Field
 
 from llm_sandbox_mcp.languages import LANGUAGES
-from llm_sandbox_mcp.metadata import hints, lifetime
 from llm_sandbox_mcp.models import MIN_CPUS
-from llm_sandbox_mcp.results import (
+from llm_sandbox_mcp.server.metadata import hints, lifetime
+from llm_sandbox_mcp.server.results import (
     Closed,
     Download,
     FileInfo,
@@ -25,7 +25,7 @@ from llm_sandbox_mcp.results import (
     progress_of,
     tool_errors,
 )
-from llm_sandbox_mcp.state import AppState
+from llm_sandbox_mcp.server.state import AppState
 
 SessionId = Annotated[str, Field(description="Id returned by create_session", max_length=64)]
 WorkspacePath = Annotated[str, Field(description="Path relative to the session's /workspace", max_length=1024)]

@@ -17,9 +17,9 @@ from llm_sandbox_mcp.backends import Backend, select_backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxError
 from llm_sandbox_mcp.languages import LANGUAGES, get_language
-from llm_sandbox_mcp.metadata import DESCRIPTION, TITLE, hints, icons
 from llm_sandbox_mcp.models import MAX_CODE_BYTES
-from llm_sandbox_mcp.results import (
+from llm_sandbox_mcp.server.metadata import DESCRIPTION, TITLE, hints, icons
+from llm_sandbox_mcp.server.results import (
     ExecutionResult,
     JobInfo,
     LanguageDetails,
@@ -29,8 +29,8 @@ from llm_sandbox_mcp.results import (
     progress_of,
     tool_errors,
 )
-from llm_sandbox_mcp.session_tools import register_session_tools
-from llm_sandbox_mcp.state import AppState
+from llm_sandbox_mcp.server.session_tools import register_session_tools
+from llm_sandbox_mcp.server.state import AppState
 
 if TYPE_CHECKING:
     from llm_sandbox_mcp.executor import Executor
