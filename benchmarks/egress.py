@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llm_sandbox_mcp.backends import load_backend
 from llm_sandbox_mcp.egress import EgressPolicy, HostRule, open_listener
-from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import get_language
+from llm_sandbox_mcp.run.executor import Executor
 from tests.engines import kube
 from tests.engines.conftest import engine_settings
 from tests.support.registries import pip_index, serve

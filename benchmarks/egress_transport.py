@@ -40,9 +40,9 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llm_sandbox_mcp.backends import load_backend
-from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import get_language
-from llm_sandbox_mcp.sessions import SessionRegistry
+from llm_sandbox_mcp.run.executor import Executor
+from llm_sandbox_mcp.run.sessions import SessionRegistry
 from tests.engines.conftest import engine_settings
 from tests.support.egress import loopback_name
 from tests.support.registries import serve

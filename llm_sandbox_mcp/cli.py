@@ -166,7 +166,7 @@ def _exit_at_once(status: int) -> NoReturn:
 async def _doctor(settings: Settings) -> int:
     from llm_sandbox_mcp import image_commands
     from llm_sandbox_mcp.backends import BACKENDS, load_backend, select_backend
-    from llm_sandbox_mcp.libraries import egress_report
+    from llm_sandbox_mcp.run.libraries import egress_report
 
     usable: dict[str, bool] = {}
     for name in BACKENDS:
@@ -202,7 +202,7 @@ async def _doctor(settings: Settings) -> int:
 
 
 def _pool_line(settings: Settings) -> str:
-    from llm_sandbox_mcp.pool import IDLE_SECONDS
+    from llm_sandbox_mcp.run.pool import IDLE_SECONDS
 
     mib = 1024**2
     return (
@@ -215,8 +215,8 @@ def _pool_line(settings: Settings) -> str:
 
 async def _zygote_line(settings: Settings) -> str:
     from llm_sandbox_mcp.backends import select_backend
-    from llm_sandbox_mcp.executor import Executor
     from llm_sandbox_mcp.languages import get_language
+    from llm_sandbox_mcp.run.executor import Executor
 
     backend, _ = await select_backend(settings)
     try:
@@ -239,8 +239,8 @@ def _seccomp_line(name: str, settings: Settings) -> str:
 
 async def _run(settings: Settings, args: argparse.Namespace) -> int:
     from llm_sandbox_mcp.backends import select_backend
-    from llm_sandbox_mcp.executor import Executor
     from llm_sandbox_mcp.models import Execution
+    from llm_sandbox_mcp.run.executor import Executor
 
     code = sys.stdin.read() if args.file == "-" else await anyio.Path(args.file).read_text(encoding="utf-8")
     try:

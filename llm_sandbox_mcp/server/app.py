@@ -33,9 +33,9 @@ from llm_sandbox_mcp.server.session_tools import register_session_tools
 from llm_sandbox_mcp.server.state import AppState
 
 if TYPE_CHECKING:
-    from llm_sandbox_mcp.executor import Executor
-    from llm_sandbox_mcp.jobs import JobRegistry
-    from llm_sandbox_mcp.sessions import SessionRegistry
+    from llm_sandbox_mcp.run.executor import Executor
+    from llm_sandbox_mcp.run.jobs import JobRegistry
+    from llm_sandbox_mcp.run.sessions import SessionRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -235,9 +235,9 @@ def build_server(
 def _engine_side() -> "tuple[type[Executor], type[SessionRegistry], type[JobRegistry]]":
     """The classes the lifespan builds, imported in a worker thread beside the protocol: with the pool, the
     runners' hosts, the library cache and the egress tunnels behind them, initialize and tools/list need none."""
-    from llm_sandbox_mcp.executor import Executor
-    from llm_sandbox_mcp.jobs import JobRegistry
-    from llm_sandbox_mcp.sessions import SessionRegistry
+    from llm_sandbox_mcp.run.executor import Executor
+    from llm_sandbox_mcp.run.jobs import JobRegistry
+    from llm_sandbox_mcp.run.sessions import SessionRegistry
 
     return Executor, SessionRegistry, JobRegistry
 

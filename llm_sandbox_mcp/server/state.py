@@ -34,10 +34,10 @@ from llm_sandbox_mcp.server.results import (
 )
 
 if TYPE_CHECKING:
-    from llm_sandbox_mcp.executor import Executor
-    from llm_sandbox_mcp.files import Files
-    from llm_sandbox_mcp.jobs import Job, JobRegistry, Report
-    from llm_sandbox_mcp.sessions import Session, SessionRegistry
+    from llm_sandbox_mcp.run.executor import Executor
+    from llm_sandbox_mcp.run.files import Files
+    from llm_sandbox_mcp.run.jobs import Job, JobRegistry, Report
+    from llm_sandbox_mcp.run.sessions import Session, SessionRegistry
 
 
 class AppState:
@@ -83,7 +83,7 @@ class AppState:
 
     @property
     def files(self) -> Files:
-        from llm_sandbox_mcp.files import Files
+        from llm_sandbox_mcp.run.files import Files
 
         return Files(self.settings, self.executor.backend)
 
@@ -247,7 +247,7 @@ class AppState:
         network: bool | list[str],
         progress: Report | None = None,
     ) -> SessionInfo:
-        from llm_sandbox_mcp.jobs import reporting
+        from llm_sandbox_mcp.run.jobs import reporting
 
         await self.ready()
         sessions, live = self.sessions, Live()

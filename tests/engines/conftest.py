@@ -37,10 +37,10 @@ from llm_sandbox_mcp import images
 from llm_sandbox_mcp.backends import Backend, SandboxProcess, load_backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxError
-from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import LANGUAGES
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, OutputListener, SandboxRef, SandboxSpec
-from llm_sandbox_mcp.sessions import SessionRegistry
+from llm_sandbox_mcp.run.executor import Executor
+from llm_sandbox_mcp.run.sessions import SessionRegistry
 from tests.engines import kube
 from tests.support.egress import public_registry_hosts
 

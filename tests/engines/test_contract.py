@@ -12,9 +12,9 @@ import anyio
 import pytest
 
 from llm_sandbox_mcp.errors import InvalidRequest
-from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import get_language
 from llm_sandbox_mcp.models import Execution
+from llm_sandbox_mcp.run.executor import Executor
 from llm_sandbox_mcp.seccomp import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, SYSCALLS
 from tests.engines.conftest import RecordingBackend, engine_settings
 

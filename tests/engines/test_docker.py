@@ -16,8 +16,8 @@ from llm_sandbox_mcp.backends import _owner, load_backend
 from llm_sandbox_mcp.backends._container import CACHE_PREFIX
 from llm_sandbox_mcp.cache_index import CacheEntry, CacheIndex
 from llm_sandbox_mcp.cli import main
-from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import get_language
+from llm_sandbox_mcp.run.executor import Executor
 from tests.engines.conftest import engine_settings, require_now
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]

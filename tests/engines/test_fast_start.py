@@ -13,9 +13,9 @@ from pathlib import PurePosixPath
 import pytest
 
 from llm_sandbox_mcp.cache_index import CacheIndex
-from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import Language, get_language, sandbox_env
 from llm_sandbox_mcp.models import LIBS_DIR, WORKDIR, CacheMount, SandboxSpec
+from llm_sandbox_mcp.run.executor import Executor
 from tests.engines.conftest import RecordingBackend, engine_settings
 
 pytestmark = pytest.mark.anyio

@@ -106,7 +106,7 @@ async def test_first_calls_answer_on_the_base_image_while_a_build_that_outlives_
 ) -> None:
     """One test for the whole story (about 30 s: two servers and one small real build, which is the point)."""
     await require(request, engine)
-    monkeypatch.setattr("llm_sandbox_mcp.jobs.PROGRESS_EVERY", 0.05)
+    monkeypatch.setattr("llm_sandbox_mcp.run.jobs.PROGRESS_EVERY", 0.05)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # this test's own build locks and logs
     with standin_index() as index:
         settings = _settings(engine, fresh_python_base, index)

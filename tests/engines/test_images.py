@@ -20,8 +20,8 @@ from llm_sandbox_mcp.backends import ImageBuild, ImageInfo, load_backend
 from llm_sandbox_mcp.backends._threaded import ThreadedBuilder
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import ImageMissing
-from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import get_language
+from llm_sandbox_mcp.run.executor import Executor
 from tests.engines.conftest import RecordingBackend, engine_settings, require
 
 pytestmark = pytest.mark.anyio

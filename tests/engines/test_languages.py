@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from llm_sandbox_mcp.errors import InstallFailed
-from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import LANGUAGES, get_language
 from llm_sandbox_mcp.models import Execution
+from llm_sandbox_mcp.run.executor import Executor
 from tests.engines.conftest import RecordingBackend, engine_settings
 from tests.support.egress import loopback_name
 from tests.support.registries import Package, cran_repo, gem_source, go_proxy, maven_repo, serve

@@ -12,11 +12,11 @@ import pytest
 from mcp import Client
 from mcp_types import CallToolResult, ImageContent, TextContent
 
-from llm_sandbox_mcp.executor import Executor, Lease
 from llm_sandbox_mcp.languages import get_language
 from llm_sandbox_mcp.models import Live
+from llm_sandbox_mcp.run.executor import Executor, Lease
+from llm_sandbox_mcp.run.sessions import SessionRegistry
 from llm_sandbox_mcp.server.app import build_server
-from llm_sandbox_mcp.sessions import SessionRegistry
 from tests.engines.conftest import RecordingBackend, engine_settings
 
 pytestmark = pytest.mark.anyio

@@ -16,9 +16,9 @@ import pytest
 
 from llm_sandbox_mcp.backends._docker import DockerEngine
 from llm_sandbox_mcp.backends._podman import PodmanEngine
-from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import get_language
 from llm_sandbox_mcp.models import SandboxRef, Stream
+from llm_sandbox_mcp.run.executor import Executor
 from tests.engines.conftest import RecordingBackend, engine_settings
 from tests.support.pipes import PipeStandIn
 

@@ -8,9 +8,9 @@ import anyio
 import pytest
 
 from llm_sandbox_mcp.errors import FileTransferError, InvalidRequest, SandboxError
-from llm_sandbox_mcp.executor import Executor
-from llm_sandbox_mcp.files import Files
-from llm_sandbox_mcp.sessions import Session, SessionRegistry
+from llm_sandbox_mcp.run.executor import Executor
+from llm_sandbox_mcp.run.files import Files
+from llm_sandbox_mcp.run.sessions import Session, SessionRegistry
 from tests.engines.conftest import RecordingBackend, engine_settings
 
 pytestmark = pytest.mark.anyio

@@ -19,9 +19,9 @@ import pytest
 
 from llm_sandbox_mcp import seccomp
 from llm_sandbox_mcp.backends import load_backend
-from llm_sandbox_mcp.executor import Cell, Executor, Lease, Program
-from llm_sandbox_mcp.forking import MASKED, READ_ONLY
 from llm_sandbox_mcp.models import Execution, Live, SandboxRef
+from llm_sandbox_mcp.run.executor import Cell, Executor, Lease, Program
+from llm_sandbox_mcp.run.forking import MASKED, READ_ONLY
 from tests.engines.conftest import engine_settings, require
 
 pytestmark = [pytest.mark.anyio]

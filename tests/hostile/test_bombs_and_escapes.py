@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from llm_sandbox_mcp.errors import InstallFailed
-from llm_sandbox_mcp.executor import Executor
+from llm_sandbox_mcp.run.executor import Executor
 from tests.engines.conftest import RecordingBackend, engine_settings
 from tests.support.egress import loopback_name
 from tests.support.registries import npm_registry, serve

@@ -10,8 +10,8 @@ import textwrap
 import anyio
 import pytest
 
-from llm_sandbox_mcp.executor import Executor
-from llm_sandbox_mcp.sessions import SessionRegistry
+from llm_sandbox_mcp.run.executor import Executor
+from llm_sandbox_mcp.run.sessions import SessionRegistry
 
 pytestmark = pytest.mark.anyio
 

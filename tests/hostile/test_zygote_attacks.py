@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from llm_sandbox_mcp.executor import Executor
+from llm_sandbox_mcp.run.executor import Executor
 from tests.engines.test_zygote import zygote_executor
 from tests.engines.test_zygote_containers import container_executor
 from tests.hostile import test_bombs_and_escapes as bombs

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from llm_sandbox_mcp import build_cache
 from llm_sandbox_mcp.backends import ImageInfo
-from llm_sandbox_mcp.build_cache import MAX_BINARY, MAX_ENTRIES, BuildCache
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.kernel import Kernel
 from llm_sandbox_mcp.languages import get_language
 from llm_sandbox_mcp.models import CacheMount, ExecResult, Limits, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.run import build_cache
+from llm_sandbox_mcp.run.build_cache import MAX_BINARY, MAX_ENTRIES, BuildCache
+from llm_sandbox_mcp.run.kernel import Kernel
 from tests.support.fakes import FakeBackend
 from tests.unit.test_kernel_frames import Scripted, done, frame
 

@@ -12,9 +12,9 @@ from llm_sandbox_mcp.cache_index import CacheEntry, CacheIndex, over_total
 from llm_sandbox_mcp.cli import main
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import InstallFailed
-from llm_sandbox_mcp.executor import Executor
 from llm_sandbox_mcp.languages import get_language
 from llm_sandbox_mcp.models import ExecResult
+from llm_sandbox_mcp.run.executor import Executor
 from tests.support.fakes import Call, FakeBackend, ok
 
 pytestmark = pytest.mark.anyio

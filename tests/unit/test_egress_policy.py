@@ -12,7 +12,7 @@ from llm_sandbox_mcp.egress.registries import configured_rules, gosumdb_rules, u
 from llm_sandbox_mcp.egress.request import MAX_HEAD, BadRequest, parse_head
 from llm_sandbox_mcp.egress.upstream import bypassed
 from llm_sandbox_mcp.errors import ConfigError
-from llm_sandbox_mcp.libraries import egress_report
+from llm_sandbox_mcp.run.libraries import egress_report
 
 LOOPBACK = ipaddress.ip_address("127.0.0.1")
 PUBLIC = ipaddress.ip_address("8.8.8.8")

@@ -14,7 +14,7 @@ import pytest
 
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import FileTransferError, InvalidRequest
-from llm_sandbox_mcp.files import Files
+from llm_sandbox_mcp.run.files import Files
 from tests.support.fakes import FakeBackend
 
 pytestmark = pytest.mark.anyio

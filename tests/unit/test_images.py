@@ -21,9 +21,9 @@ from mcp_types import CallToolResult, TextContent
 from llm_sandbox_mcp import cli, images
 from llm_sandbox_mcp.backends import ImageBuild, ImageInfo
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.hints import missing_library, missing_library_hint
 from llm_sandbox_mcp.images.detached import BuildFiles
 from llm_sandbox_mcp.languages import LANGUAGES
+from llm_sandbox_mcp.run.hints import missing_library, missing_library_hint
 from llm_sandbox_mcp.server.app import build_server
 from llm_sandbox_mcp.server.state import AppState
 from tests.support.fakes import FakeBackend, ok
@@ -168,7 +168,7 @@ async def test_calls_run_on_the_base_image_while_the_project_image_is_built_and_
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The build process stands in for the detached `images build` (the engine tier runs the real one)."""
-    monkeypatch.setattr("llm_sandbox_mcp.jobs.PROGRESS_EVERY", 0.01)
+    monkeypatch.setattr("llm_sandbox_mcp.run.jobs.PROGRESS_EVERY", 0.01)
     monkeypatch.setattr("llm_sandbox_mcp.images.background.POLL_SECONDS", 0.01)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     backend = BuildingBackend()

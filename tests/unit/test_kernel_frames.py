@@ -8,8 +8,8 @@ import struct
 
 import pytest
 
-from llm_sandbox_mcp.kernel import Kernel
 from llm_sandbox_mcp.models import ExecResult, Limits, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.run.kernel import Kernel
 from tests.support.fakes import FakeBackend
 
 pytestmark = pytest.mark.anyio

@@ -222,7 +222,7 @@ def test_every_language_tells_the_truth_it_can_tell_without_an_engine(language: 
 
 def test_the_library_cache_key_changes_with_the_registry() -> None:
     from llm_sandbox_mcp.config import Settings
-    from llm_sandbox_mcp.executor import Executor
+    from llm_sandbox_mcp.run.executor import Executor
     from tests.support.fakes import FakeBackend
 
     python = get_language("python")

@@ -107,7 +107,7 @@ async def test_a_cancelled_install_drops_its_half_written_cache() -> None:
 async def test_progress_reaches_a_request_with_a_token_with_phase_time_output_and_a_clean_last_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("llm_sandbox_mcp.jobs.PROGRESS_EVERY", 0.01)
+    monkeypatch.setattr("llm_sandbox_mcp.run.jobs.PROGRESS_EVERY", 0.01)
     noisy = b"epoch 1\n\x1b[31mloss\x07 0.5\x1b[0m \xe2\x80\xae" + b"x" * 500 + b"\n"
     backend = FakeBackend(handler=lambda call: ExecResult(137, noisy, b"", timed_out=True))
     seen: list[tuple[float, str]] = []
@@ -256,7 +256,7 @@ def test_live_output_keeps_offsets_across_streams_and_says_what_it_dropped() -> 
 
 
 async def test_creating_a_session_reports_its_install_as_progress(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("llm_sandbox_mcp.jobs.PROGRESS_EVERY", 0.01)
+    monkeypatch.setattr("llm_sandbox_mcp.run.jobs.PROGRESS_EVERY", 0.01)
     gate = anyio.Event()
     backend = FakeBackend(gate=gate, handler=lambda call: ok(exit_code=1) if call.argv[0] == "test" else ok())
     messages: list[str] = []

@@ -6,7 +6,7 @@ import anyio
 import pytest
 from anyio import wait_all_tasks_blocked
 
-from llm_sandbox_mcp.pool import Pool
+from llm_sandbox_mcp.run.pool import Pool
 
 pytestmark = pytest.mark.anyio
 

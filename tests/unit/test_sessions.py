@@ -10,10 +10,10 @@ from mcp_types import CallToolResult, TextContent
 
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxNotFound
-from llm_sandbox_mcp.executor import Executor
+from llm_sandbox_mcp.run.executor import Executor
+from llm_sandbox_mcp.run.sessions import SessionRegistry
 from llm_sandbox_mcp.server.app import build_server
 from llm_sandbox_mcp.server.state import AppState
-from llm_sandbox_mcp.sessions import SessionRegistry
 from tests.support.fakes import Call, FakeBackend, ok
 
 pytestmark = pytest.mark.anyio
@@ -80,8 +80,8 @@ async def test_session_limits_are_capped_by_the_operator() -> None:
 
 
 async def test_idle_sessions_expire_and_say_why() -> None:
-    from llm_sandbox_mcp.executor import Executor
-    from llm_sandbox_mcp.sessions import SessionRegistry
+    from llm_sandbox_mcp.run.executor import Executor
+    from llm_sandbox_mcp.run.sessions import SessionRegistry
 
     backend = FakeBackend()
     settings = Settings(sandbox_session_idle_ttl=0.01, sandbox_pool_size=0)
@@ -257,7 +257,7 @@ async def test_sessions_on_an_engine_without_the_proxy_cannot_be_given_hosts() -
 async def test_the_record_of_closed_sessions_is_bounded_and_keeps_the_most_recent(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("llm_sandbox_mcp.sessions._REMEMBERED_CLOSES", 3)
+    monkeypatch.setattr("llm_sandbox_mcp.run.sessions._REMEMBERED_CLOSES", 3)
     settings = Settings(sandbox_pool_size=0, sandbox_max_sessions=10)
     async with Executor(settings, FakeBackend(handler=lambda call: ok())) as executor:
         registry = SessionRegistry(settings, executor)

@@ -20,14 +20,14 @@ print(json.dumps(sorted(sys.modules)))
 """
 
 _NOT_NEEDED = (
-    "llm_sandbox_mcp.executor",
-    "llm_sandbox_mcp.pool",
-    "llm_sandbox_mcp.kernel",
-    "llm_sandbox_mcp.zygote",
-    "llm_sandbox_mcp.sessions",
-    "llm_sandbox_mcp.jobs",
-    "llm_sandbox_mcp.libraries",
-    "llm_sandbox_mcp.files",
+    "llm_sandbox_mcp.run.executor",
+    "llm_sandbox_mcp.run.pool",
+    "llm_sandbox_mcp.run.kernel",
+    "llm_sandbox_mcp.run.zygote",
+    "llm_sandbox_mcp.run.sessions",
+    "llm_sandbox_mcp.run.jobs",
+    "llm_sandbox_mcp.run.libraries",
+    "llm_sandbox_mcp.run.files",
     "llm_sandbox_mcp.install",
     "llm_sandbox_mcp.backends._docker",
     "llm_sandbox_mcp.backends._bubblewrap",

@@ -11,7 +11,7 @@ import pytest
 
 from llm_sandbox_mcp.errors import FileTransferError
 from llm_sandbox_mcp.models import HeadTail
-from llm_sandbox_mcp.transfer import pack, safe_relative, unpack
+from llm_sandbox_mcp.run.transfer import pack, safe_relative, unpack
 
 
 @pytest.mark.parametrize("path", ["../x", "a/../../x", "/etc/passwd", "", ".", "a/\x00b"])

@@ -541,7 +541,7 @@ class BubblewrapBackend(HostSandbox[Bwrap]):
         )  # fmt: skip
         return command, (seccomp,)
 
-    # -- zygote templates (see llm_sandbox_mcp.zygote) ------------------------------------------------------
+    # -- zygote templates (see llm_sandbox_mcp.run.zygote) ------------------------------------------------------
 
     async def start_template(
         self, ref: SandboxRef, argv: Sequence[str], env: Mapping[str, str], control_fd: int, calls: int

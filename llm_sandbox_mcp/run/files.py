@@ -19,7 +19,7 @@ from llm_sandbox_mcp.backends import Backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import FileTransferError, InvalidRequest
 from llm_sandbox_mcp.models import ExecResult, SandboxRef
-from llm_sandbox_mcp.transfer import safe_relative
+from llm_sandbox_mcp.run.transfer import safe_relative
 
 # Not following a link, and not waiting for a FIFO's writer: only a regular file is read or written. Windows has
 # neither flag nor FIFOs (and `_confined` has resolved links already); there the file must be opened as binary.

@@ -28,7 +28,7 @@ from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxFailure
 from llm_sandbox_mcp.languages import Language
 from llm_sandbox_mcp.models import Execution, Limits, SandboxSpec
-from llm_sandbox_mcp.zygote import isolation_config
+from llm_sandbox_mcp.run.zygote import isolation_config
 
 logger = logging.getLogger(__name__)
 

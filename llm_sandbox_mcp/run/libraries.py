@@ -18,7 +18,6 @@ from dataclasses import replace
 import anyio
 
 from llm_sandbox_mcp.backends import Backend, stop_on_cancel
-from llm_sandbox_mcp.budget import MemoryBudget
 from llm_sandbox_mcp.cache_index import CacheEntry, CacheIndex, over_total
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.egress import EgressListener, EgressPolicy, HostRule, open_listener
@@ -41,7 +40,8 @@ from llm_sandbox_mcp.models import (
     SandboxRef,
     SandboxSpec,
 )
-from llm_sandbox_mcp.transfer import pack
+from llm_sandbox_mcp.run.budget import MemoryBudget
+from llm_sandbox_mcp.run.transfer import pack
 
 logger = logging.getLogger(__name__)
 

@@ -17,18 +17,12 @@ import anyio.to_thread
 from llm_sandbox_mcp import images
 from llm_sandbox_mcp.artifacts import Artifact, collect
 from llm_sandbox_mcp.backends import Backend, stop_on_cancel
-from llm_sandbox_mcp.budget import MemoryBudget
-from llm_sandbox_mcp.build_cache import BUILD_PIPE_ENV, RUN_SCRIPTS, BuildCache, Plan
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.egress.relay import run_env
 from llm_sandbox_mcp.egress.tunnel import Tunnels
 from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure
-from llm_sandbox_mcp.forking import READY_SECONDS, Forks, ForksUnavailable
-from llm_sandbox_mcp.hints import missing_library_hint
 from llm_sandbox_mcp.images.background import ProjectImages
-from llm_sandbox_mcp.kernel import Kernel, KernelDied, SandboxRefused, drop_uncollected_files
 from llm_sandbox_mcp.languages import COMPILE_FAILED_MARKER, Language, get_language
-from llm_sandbox_mcp.libraries import LibraryCache
 from llm_sandbox_mcp.models import (
     MAX_CODE_BYTES,
     OUTPUT_DIR,
@@ -41,9 +35,15 @@ from llm_sandbox_mcp.models import (
     SandboxRef,
     SandboxSpec,
 )
-from llm_sandbox_mcp.pool import Pool
-from llm_sandbox_mcp.transfer import unpack
-from llm_sandbox_mcp.zygote import Zygotes
+from llm_sandbox_mcp.run.budget import MemoryBudget
+from llm_sandbox_mcp.run.build_cache import BUILD_PIPE_ENV, RUN_SCRIPTS, BuildCache, Plan
+from llm_sandbox_mcp.run.forking import READY_SECONDS, Forks, ForksUnavailable
+from llm_sandbox_mcp.run.hints import missing_library_hint
+from llm_sandbox_mcp.run.kernel import Kernel, KernelDied, SandboxRefused, drop_uncollected_files
+from llm_sandbox_mcp.run.libraries import LibraryCache
+from llm_sandbox_mcp.run.pool import Pool
+from llm_sandbox_mcp.run.transfer import unpack
+from llm_sandbox_mcp.run.zygote import Zygotes
 
 logger = logging.getLogger(__name__)
 

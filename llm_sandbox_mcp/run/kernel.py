@@ -26,7 +26,7 @@ from llm_sandbox_mcp.backends import Backend, SandboxProcess
 from llm_sandbox_mcp.errors import FileTransferError, SandboxFailure
 from llm_sandbox_mcp.languages import runner_source
 from llm_sandbox_mcp.models import ExecResult, HeadTail, Live, SandboxRef
-from llm_sandbox_mcp.transfer import safe_relative
+from llm_sandbox_mcp.run.transfer import safe_relative
 
 logger = logging.getLogger(__name__)
 
