@@ -25,7 +25,8 @@ logger = logging.getLogger("llm_sandbox_mcp")
 
 
 def _parser() -> argparse.ArgumentParser:
-    from llm_sandbox_mcp import cache_commands, image_commands
+    from llm_sandbox_mcp.commands import cache as cache_commands
+    from llm_sandbox_mcp.commands import images as image_commands
     from llm_sandbox_mcp.languages import LANGUAGES
 
     parser = argparse.ArgumentParser(
@@ -52,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _client_parsers(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
-    from llm_sandbox_mcp import install
+    from llm_sandbox_mcp.commands import install
 
     clients = sorted(install.CLIENTS)
     scopes = ", ".join(f"{name}: {'|'.join(client.scopes)}" for name, client in sorted(install.CLIENTS.items()))
@@ -87,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else list(argv)
     args = argparse.Namespace(command="serve") if arguments in ([], ["serve"]) else _parser().parse_args(arguments)
     if args.command in ("install", "uninstall"):
-        from llm_sandbox_mcp import install
+        from llm_sandbox_mcp.commands import install
 
         return install.main(args)
     try:
@@ -109,11 +110,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "run":
         return anyio.run(_run, settings, args)
     if args.command == "cache":
-        from llm_sandbox_mcp import cache_commands
+        from llm_sandbox_mcp.commands import cache as cache_commands
 
         return anyio.run(cache_commands.run, settings, args)
     if args.command == "images":
-        from llm_sandbox_mcp import image_commands
+        from llm_sandbox_mcp.commands import images as image_commands
 
         return anyio.run(image_commands.run, settings, args)
     anyio.run(_serve, settings)
@@ -164,8 +165,8 @@ def _exit_at_once(status: int) -> NoReturn:
 
 
 async def _doctor(settings: Settings) -> int:
-    from llm_sandbox_mcp import image_commands
     from llm_sandbox_mcp.backends import BACKENDS, load_backend, select_backend
+    from llm_sandbox_mcp.commands import images as image_commands
     from llm_sandbox_mcp.run.libraries import egress_report
 
     usable: dict[str, bool] = {}

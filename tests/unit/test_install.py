@@ -12,7 +12,7 @@ import pytest
 import tomlkit
 
 from llm_sandbox_mcp import cli
-from llm_sandbox_mcp.install import (
+from llm_sandbox_mcp.commands.install import (
     CLIENTS,
     PASSED_VARIABLES,
     ClientName,

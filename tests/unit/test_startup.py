@@ -28,7 +28,7 @@ _NOT_NEEDED = (
     "llm_sandbox_mcp.run.jobs",
     "llm_sandbox_mcp.run.libraries",
     "llm_sandbox_mcp.run.files",
-    "llm_sandbox_mcp.install",
+    "llm_sandbox_mcp.commands.install",
     "llm_sandbox_mcp.backends._docker",
     "llm_sandbox_mcp.backends._bubblewrap",
     "docker",

@@ -1,0 +1,1 @@
+"""The command line's other commands: install/uninstall into clients, images, cache."""
