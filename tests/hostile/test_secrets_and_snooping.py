@@ -4,6 +4,8 @@ finds nothing; and the server answers the next call."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -17,7 +19,7 @@ CANARY = "canary-7f3a9d"
 
 # Every environment and command line this sandbox can read, and host paths that hold credentials.
 LOOK_EVERYWHERE = """
-import glob, os
+import glob, os, socket, stat
 found = []
 for path in glob.glob("/proc/[0-9]*/environ") + glob.glob("/proc/[0-9]*/cmdline"):
     try:
@@ -26,14 +28,30 @@ for path in glob.glob("/proc/[0-9]*/environ") + glob.glob("/proc/[0-9]*/cmdline"
                 found.append(path)
     except OSError:
         pass
-for path in ("/root/.docker/config.json", "/root/.kube/config", "/etc/shadow", "/var/run/docker.sock",
-             "/run/podman/podman.sock", "/proc/1/root/etc/shadow"):
+for path in ("/root/.docker/config.json", "/root/.kube/config", "/etc/shadow", "/proc/1/root/etc/shadow"):
     if os.path.exists(path):
         try:
             open(path, "rb").read(1)
             found.append(path)
         except OSError:
             pass
+# An engine's socket cannot be open()ed at all, so each is looked for as a socket and then connected to.
+for path in ["/var/run/docker.sock", "/run/docker.sock", "/run/podman/podman.sock",
+             "/run/containerd/containerd.sock"] + glob.glob("/run/llm-sandbox-remote/*.sock") + glob.glob(
+             "/run/user/*/podman/podman.sock") + glob.glob("/run/user/*/docker.sock"):
+    try:
+        if not stat.S_ISSOCK(os.stat(path).st_mode):
+            continue
+    except OSError:
+        continue
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+        found.append(path)
+    except OSError:
+        found.append(path + " (visible)")
+    finally:
+        probe.close()
 print("found:", found)
 """.replace("CANARY", CANARY)
 
@@ -47,6 +65,13 @@ async def test_the_servers_secrets_are_nowhere_the_code_can_look(
     assert result.stdout == "found: []\n", result
     after = await executor.execute("print(1)")
     assert after.stdout == "1\n"
+
+
+def test_the_look_finds_what_the_host_exposes() -> None:
+    """The probe above can fail: run on this host, where the engines' sockets are, it finds them."""
+    done = subprocess.run([sys.executable, "-c", LOOK_EVERYWHERE], capture_output=True, text=True, timeout=60)
+    assert "/var/run/docker.sock'" in done.stdout, done
+    assert "/run/podman/podman.sock'" in done.stdout, done
 
 
 async def test_a_session_cannot_see_another_sessions_processes_files_or_memory(registry: SessionRegistry) -> None:
