@@ -54,6 +54,10 @@ PASSED_VARIABLES = (
 # Gemini CLI removes inherited variables whose name contains one of these (0.61 keeps them in an entry's own
 # `env` block, some earlier versions did not): such values go on the command line of `env` instead.
 GEMINI_REDACTED = ("KEY", "TOKEN", "SECRET", "PASSWORD", "AUTH", "CREDENTIAL", "PRIVATE", "CERT")
+# A variable whose name says it holds a secret, or whose value is a URL with a password in it (a proxy's or an
+# index's), carries a credential: it is never copied from the shell into a shared file.
+CREDENTIAL_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "AUTH", "CREDENTIAL", "PRIVATE")
+_URL_PASSWORD = re.compile(r"://[^/@\s:]*:[^/@\s]+@")
 STARTUP_TIMEOUT_S = 120  # the first `uvx` run downloads the package and its dependencies
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 _VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -221,6 +225,32 @@ def server_environment(environ: Mapping[str, str], backend: str | None, extra: M
     return {name: value for name, value in env.items() if value}
 
 
+def carries_credential(name: str, value: str) -> bool:
+    return any(word in name.upper() for word in CREDENTIAL_WORDS) or _URL_PASSWORD.search(value) is not None
+
+
+def held_back(env: Mapping[str, str], explicit: Mapping[str, str], location: Location) -> list[str]:
+    """The variables copied from the shell that carry a credential, when the file is shared (a project file
+    meant to be committed): they are left out; one given with --env is written, and the install says so."""
+    if not location.shared:
+        return []
+    return sorted(name for name, value in env.items() if name not in explicit and carries_credential(name, value))
+
+
+def _credential_notes(location: Location, env: Mapping[str, str]) -> str:
+    """What the written entry exposes: a credential in a shared file, or in a file other users can read."""
+    names = sorted(name for name, value in env.items() if carries_credential(name, value))
+    if not names:
+        return ""
+    if location.shared:
+        return f"; note: {', '.join(names)} carry credentials and are now in {location.path}: do not commit it"
+    target = location.path.resolve()
+    if sys.platform != "win32" and target.exists() and target.stat().st_mode & 0o077:
+        mode = oct(target.stat().st_mode & 0o777)
+        return f"; note: {target} (mode {mode}) is readable by other users and now holds {', '.join(names)}"
+    return ""
+
+
 def tool_timeout(env: Mapping[str, str]) -> int:
     """Long enough for the longest call the server allows: a library install, then the longest run."""
 
@@ -315,8 +345,9 @@ def _dump(document: Any, location: Location) -> str:
 
 
 def _write(location: Location, text: str) -> None:
-    """Replace the file atomically, keeping its permissions (a new user file is readable by its owner only)."""
-    path = location.path
+    """Replace the file atomically, keeping its permissions (a new user file is readable by its owner only) and
+    its links: a linked file is replaced where the link points, and the link stays."""
+    path = location.path.resolve() if location.path.is_symlink() else location.path
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = path.stat().st_mode & 0o777 if path.exists() else (0o644 if location.shared else 0o600)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -389,6 +420,7 @@ def install(
     message = f"{name} {verb}{action} in {location.path} ({spec.title})"
     if not dry_run:
         message += f"; restart {spec.title} to load it"
+    message += _credential_notes(location, launch.env)
     return Outcome(location, entry, not dry_run, message)
 
 
@@ -419,8 +451,16 @@ def main(args: argparse.Namespace) -> int:
         if args.command == "uninstall":
             outcome = uninstall(args.client, places, scope=args.scope, name=args.name, dry_run=args.dry_run)
         else:
-            env = server_environment(places.environ, args.backend, parse_assignments(args.env))
+            explicit = parse_assignments(args.env)
+            env = server_environment(places.environ, args.backend, explicit)
             _, location = resolve(args.client, args.scope, places)
+            left_out = held_back(env, explicit, location)
+            if left_out:
+                sys.stderr.write(
+                    f"llm-sandbox-mcp: left out of the shared file {location.path}, as they carry credentials: "
+                    f"{', '.join(left_out)} (install in the user scope, or pass them with --env to write them)\n"
+                )
+                env = {name: value for name, value in env.items() if name not in left_out}
             launch = default_launch(
                 env, command=args.command_path, portable=location.shared, posix=places.system != "Windows"
             )

@@ -296,3 +296,58 @@ def test_the_command_line_installs_refuses_and_forces(
     assert config["mcp_servers"]["llm-sandbox"]["env"] == {"DOCKER_HOST": "unix:///d.sock", "BACKEND": "podman"}
     assert cli.main(["uninstall", "--client", "codex"]) == 0
     assert "llm-sandbox" not in _read(tmp_path / ".codex" / "config.toml").get("mcp_servers", {})
+
+
+def test_credentials_of_the_shell_stay_out_of_shared_files_and_are_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in PASSED_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("DOCKER_HOST", "unix:///d.sock")
+    monkeypatch.setenv("HTTPS_PROXY", "http://alice:s3cret@proxy:3128")
+    monkeypatch.setenv("UV_INDEX_URL", "https://bob:t0ken@index.example/simple")
+    project = tmp_path / "project"
+    project.mkdir()
+    base = ["install", "--client", "claude-code", "--scope", "project", "--project", str(project)]
+    assert cli.main(base) == 0
+    shared = (project / ".mcp.json").read_text()
+    assert "s3cret" not in shared and "t0ken" not in shared and "unix:///d.sock" in shared
+    err = capsys.readouterr().err
+    assert "HTTPS_PROXY, UV_INDEX_URL" in err and "credentials" in err
+    # Given explicitly, a credential is written, and the install says it is now in a shared file.
+    assert cli.main([*base, "--force", "--env", "API_TOKEN=xyz"]) == 0
+    assert '"API_TOKEN": "xyz"' in (project / ".mcp.json").read_text()
+    assert "API_TOKEN carry credentials" in capsys.readouterr().err
+    # The user's own file gets them, private.
+    assert cli.main(["install", "--client", "claude-code", "--scope", "user"]) == 0
+    assert "s3cret" in (tmp_path / ".claude.json").read_text()
+    assert "note:" not in capsys.readouterr().err
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="Windows files have no POSIX mode bits")
+def test_a_credential_written_to_a_file_others_can_read_is_said(places: Places) -> None:
+    path = places.home / ".claude.json"
+    path.write_text("{}")
+    path.chmod(0o644)
+    launch = Launch("uvx", ("llm-sandbox-mcp",), {"HTTP_PROXY": "http://u:pw@proxy:8080"}, 660)
+    outcome = install("claude-code", launch, places, scope="user")
+    assert "readable by other users" in outcome.message and "HTTP_PROXY" in outcome.message
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="symbolic links need privileges on Windows")
+def test_a_linked_configuration_file_is_written_where_it_points_and_stays_a_link(places: Places) -> None:
+    target = places.home / "dotfiles" / "mcp.json"
+    target.parent.mkdir()
+    target.write_text('{"mcpServers": {"other": {"command": "x"}}}')
+    target.chmod(0o640)
+    link = places.project / ".mcp.json"
+    link.symlink_to(target)
+    install("claude-code", LAUNCH, places, scope="project")
+    assert link.is_symlink() and link.resolve() == target
+    written = json.loads(target.read_text())["mcpServers"]
+    assert set(written) == {"other", "llm-sandbox"}
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+    uninstall("claude-code", places, scope="project")
+    assert link.is_symlink() and set(json.loads(target.read_text())["mcpServers"]) == {"other"}
