@@ -47,11 +47,35 @@ def ip_literal(host: str) -> IPAddress | None:
         return None
 
 
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052's well-known prefix: the IPv4 address in the last 32 bits
+_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")  # RFC 8215: a network's own translators
+_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")  # deprecated ::a.b.c.d
+_SITE_LOCAL = ipaddress.IPv6Network("fec0::/10")  # deprecated, still routed inside some networks
+
+
+def _carried_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 form leads to: mapped, NAT64, 6to4, Teredo's client, IPv4-compatible."""
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]
+    if address in _NAT64 or (address in _IPV4_COMPATIBLE and int(address) > 1):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
 def public(address: IPAddress) -> bool:
     """Whether an address is on the public internet: not loopback, private, link-local, shared, unspecified,
-    reserved or multicast (IPv4-mapped IPv6 addresses are judged as the IPv4 address they carry)."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    reserved or multicast. An IPv6 form that carries an IPv4 address (mapped, NAT64, 6to4, Teredo,
+    IPv4-compatible) is judged as that address too; local NAT64 and site-local addresses are never public."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address in _NAT64_LOCAL or address in _SITE_LOCAL:
+            return False
+        carried = _carried_ipv4(address)
+        if carried is not None and not public(carried):
+            return False
     return address.is_global and not address.is_multicast
 
 

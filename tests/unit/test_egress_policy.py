@@ -57,7 +57,10 @@ def test_wildcards_are_never_explicit() -> None:
 @pytest.mark.parametrize(
     "address",
     ["127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "100.64.0.1", "0.0.0.0", "224.0.0.1",
-     "::1", "fe80::1", "fc00::1", "::", "::ffff:127.0.0.1", "::ffff:169.254.169.254", "ff02::1"],
+     "::1", "fe80::1", "fc00::1", "::", "::ffff:127.0.0.1", "::ffff:169.254.169.254", "ff02::1",
+     # IPv6 forms that lead to a private IPv4 address, and deprecated or local-only prefixes
+     "64:ff9b::a9fe:a9fe", "64:ff9b::a00:1", "64:ff9b:1::808:808", "2002:a00:1::1", "2002:7f00:1::",
+     "2001:0:4136:e378:8000:63bf:f5ff:fffe", "::a00:1", "::7f00:1", "fec0::1"],
 )  # fmt: skip
 def test_non_public_addresses(address: str) -> None:
     assert not public(ipaddress.ip_address(address))
@@ -65,6 +68,8 @@ def test_non_public_addresses(address: str) -> None:
 
 def test_public_addresses() -> None:
     assert public(PUBLIC) and public(ipaddress.ip_address("2606:4700::1111"))
+    # The same forms leading to a public IPv4 address stay public.
+    assert public(ipaddress.ip_address("64:ff9b::808:808")) and public(ipaddress.ip_address("2002:808:808::1"))
 
 
 def test_explicit_hosts_reach_any_address_others_public_only() -> None:
