@@ -4,6 +4,12 @@ No socket is listened on: each stream the sandbox's tunnel opens becomes one end
 end the proxy serves (`EgressListener.connect`), so nothing on the host, no file and no port, can be connected
 to by anyone else, and nothing here needs a UNIX-socket server (which Windows lacks).
 
+A tunnel to port 80 or 443 of a named host must begin with a TLS ClientHello that names that host
+(`tls.py`): a CDN serves many sites behind one address, and the CONNECT name alone would let a tunnel opened
+for an allowed registry reach any of them. Plain HTTP goes as absolute-form requests, whose Host the proxy
+sets. Tunnels to an IP address or to another port (only ever allowed by an explicit host:port) are passed
+as they are: a protocol there may wait for the server to speak first.
+
 Bounded everywhere: connections per sandbox, the request head's size, the time to send it, to resolve and to
 connect, and idle tunnels. No exception escapes a connection's handler: anything unexpected closes it.
 """
@@ -18,8 +24,9 @@ from dataclasses import dataclass, field
 
 from anyio.abc import SocketStream
 
-from llm_sandbox_mcp.egress.policy import EgressPolicy, HostRule, Refusal, ip_literal
+from llm_sandbox_mcp.egress.policy import WEB_PORTS, EgressPolicy, HostRule, Refusal, ip_literal
 from llm_sandbox_mcp.egress.request import MAX_HEAD, BadRequest, Request, parse_head
+from llm_sandbox_mcp.egress.tls import NotAClientHello, read_client_hello, server_name
 from llm_sandbox_mcp.egress.upstream import Upstream, upstream_for
 
 logger = logging.getLogger(__name__)
@@ -135,6 +142,11 @@ class EgressListener:
         try:
             if request.tunnel:
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                if _names_its_tls(request):
+                    hello = await self._client_hello(reader, request)
+                    if hello is None:
+                        return
+                    far_writer.write(hello)
             elif upstream is None:
                 far_writer.write(request.head)
             await _splice(reader, writer, far_reader, far_writer)
@@ -142,6 +154,23 @@ class EgressListener:
             far_writer.close()
             with contextlib.suppress(Exception):
                 await far_writer.wait_closed()
+
+    async def _client_hello(self, reader: asyncio.StreamReader, request: Request) -> bytes | None:
+        """The tunnel's first records when they are a ClientHello naming the host asked for, else None
+        (refused and remembered, or the client went away)."""
+        try:
+            records, hello = await asyncio.wait_for(read_client_hello(reader), HEAD_SECONDS)
+            name = server_name(hello)
+        except (asyncio.IncompleteReadError, asyncio.TimeoutError):
+            return None
+        except NotAClientHello as exc:
+            self._refuse(Refusal(request.host, request.port, f"the tunnel did not begin with a TLS ClientHello: {exc}"))
+            return None
+        if name != request.host:
+            named = "no server name" if name is None else f"the server name {name!r}"
+            self._refuse(Refusal(request.host, request.port, f"its TLS ClientHello gave {named}, not this host"))
+            return None
+        return records
 
     async def _direct(
         self, rule: HostRule, request: Request, writer: asyncio.StreamWriter
@@ -194,6 +223,10 @@ class EgressListener:
             await self._unreachable(writer, request, "the upstream proxy did not open it")
             return None
         return far_reader, far_writer
+
+
+def _names_its_tls(request: Request) -> bool:
+    return request.port in WEB_PORTS and ip_literal(request.host) is None
 
 
 async def _answer(writer: asyncio.StreamWriter, status: int, text: str) -> None:

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import anyio
 import pytest
 
 from llm_sandbox_mcp.egress import EgressListener, EgressPolicy, HostRule, open_listener
@@ -52,6 +53,19 @@ def resolve(name):
         return str(socket.getaddrinfo(name, 80))
     except OSError as e:
         return type(e).__name__
+def tls(host, sni):
+    import ssl
+    context = ssl.create_default_context()
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    try:
+        context.wrap_bio(incoming, outgoing, server_hostname=sni).do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+        s.sendall(f"CONNECT {host} HTTP/1.1\r\n\r\n".encode())
+        status = s.recv(4096).split(b"\r\n")[0].decode(errors="replace")
+        s.sendall(outgoing.read())
+        return status
 def abstract(name):
     s = socket.socket(socket.AF_UNIX)
     try:
@@ -61,7 +75,7 @@ def abstract(name):
         return type(e).__name__
 out = {}
 for key, (kind, *args) in cases.items():
-    out[key] = {"proxied": proxied, "direct": direct, "resolve": resolve, "abstract": abstract}[kind](*args)
+    out[key] = {"proxied": proxied, "direct": direct, "resolve": resolve, "abstract": abstract, "tls": tls}[kind](*args)
 out["interfaces"] = [name for _, name in socket.if_nameindex()]
 print(json.dumps(out))
 """
@@ -109,13 +123,49 @@ def servers() -> Iterator[tuple[Server, Server]]:
             server.server_close()
 
 
+@pytest.fixture(scope="module")
+def tls_server() -> Iterator[list[bytes]]:
+    """A server on port 443 of the host's loopback name (as a CDN's address): what each connection sent first."""
+    _, address = loopback_name()
+    listening = socket.create_server((address, 443))
+    listening.settimeout(0.5)
+    received: list[bytes] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = listening.accept()
+            except (TimeoutError, OSError):
+                continue
+            with connection:
+                connection.settimeout(10)
+                try:
+                    received.append(connection.recv(65536))
+                except OSError:
+                    received.append(b"")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield received
+    finally:
+        stop.set()
+        thread.join()
+        listening.close()
+
+
 @pytest.fixture
 async def egress_sandbox(
     backend: RecordingBackend, engine: str, servers: tuple[Server, Server]
 ) -> AsyncIterator[tuple[RecordingBackend, EgressListener, SandboxRef, Relay]]:
     name, _ = loopback_name()
     allowed, _ = servers
-    rules = [HostRule.parse(f"{name}:{allowed.port}", explicit=True), HostRule.parse("*.test:443", explicit=False)]
+    rules = [
+        HostRule.parse(f"{name}:{allowed.port}", explicit=True),
+        HostRule.parse(f"{name}:443", explicit=True),
+        HostRule.parse("*.test:443", explicit=False),
+    ]
     listener = open_listener(EgressPolicy.of(rules, "SANDBOX_TEST_HOSTS"), "a hostile sandbox")
     settings = engine_settings(engine)
     spec = SandboxSpec(settings.image_for("python"), replace(Limits(), network_mode="none"), egress=True)
@@ -135,9 +185,12 @@ async def egress_sandbox(
 
 
 async def test_only_the_allowed_host_is_reachable(
-    egress_sandbox: tuple[RecordingBackend, EgressListener, SandboxRef, Relay], servers: tuple[Server, Server]
+    egress_sandbox: tuple[RecordingBackend, EgressListener, SandboxRef, Relay],
+    servers: tuple[Server, Server],
+    tls_server: list[bytes],
 ) -> None:
     backend, listener, ref, _ = egress_sandbox
+    tls_server.clear()
     name, _ = loopback_name()
     allowed, unlisted = servers
     allowed.hits.clear()
@@ -163,6 +216,9 @@ async def test_only_the_allowed_host_is_reachable(
         "direct_metadata": ["direct", "169.254.169.254", 80],
         "dns": ["resolve", "llm-sandbox-egress-probe.invalid"],
         "abstract_socket": ["abstract", f"llm-sandbox-egress-{token}"],
+        # The same allowed address serving another site (as a CDN does), picked by the TLS server name.
+        "tls_named": ["tls", f"{name}:443", name],
+        "tls_other_site": ["tls", f"{name}:443", "other-site.example"],
     }
     try:
         with private_name() as private, recorded() as connects:
@@ -185,6 +241,13 @@ async def test_only_the_allowed_host_is_reachable(
     assert seen["dns"] == "gaierror"  # no DNS: the proxy resolves
     assert seen["abstract_socket"] == "ConnectionRefusedError"
     assert seen["interfaces"] == ["lo"]
+    assert seen["tls_named"] == seen["tls_other_site"] == "HTTP/1.1 200 Connection established"
+    for _ in range(200):  # the proxy, on this event loop, may still be forwarding the named one
+        if any(tls_server) and any("'other-site.example'" in refusal.reason for refusal in listener.refused):
+            break
+        await anyio.sleep(0.05)
+    hellos = [data for data in tls_server if data]
+    assert len(hellos) == 1 and hellos[0][:1] == b"\x16" and name.encode() in hellos[0], tls_server
     assert allowed.hits == ["/allowed"] and unlisted.hits == []
     addresses = [str(a[0]) for a in connects if isinstance(a, tuple)]  # pyright: ignore[reportUnknownArgumentType]
     outside = [address for address in addresses if not ipaddress.ip_address(address).is_loopback]
@@ -195,6 +258,7 @@ async def test_only_the_allowed_host_is_reachable(
     assert PRIVATE_ADDRESS.encode() not in result.stdout
     assert {refusal.host: refusal.detail for refusal in listener.refused}[private] == PRIVATE_ADDRESS
     assert set(reasons) >= {name, "localhost", "127.0.0.1", PRIVATE_ADDRESS, "169.254.169.254", private}
+    assert any("'other-site.example', not this host" in refusal.reason for refusal in listener.refused)
 
 
 # Runs in the sandbox: writes frames into the stdout of the tunnel's relay, as any process of the sandbox user can,

@@ -16,6 +16,7 @@ import pytest
 from llm_sandbox_mcp.egress import EgressListener, EgressPolicy, HostRule, open_listener
 from llm_sandbox_mcp.egress import proxy as proxy_module
 from tests.support.connects import recorded
+from tests.unit.test_egress_tls import client_hello
 
 pytestmark = pytest.mark.anyio
 
@@ -180,14 +181,16 @@ async def test_connections_beyond_the_limit_are_refused(monkeypatch: pytest.Monk
     assert answer.startswith(b"HTTP/1.1 503")
 
 
-async def test_chains_to_the_servers_own_proxy(origin: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """HTTPS_PROXY of the server's environment: the tunnel is asked of that proxy, the name check stays ours."""
+async def _chained(monkeypatch: pytest.MonkeyPatch, *tunnels: bytes) -> tuple[list[bytes], list[bytes], EgressListener]:
+    """Each of `tunnels` sent to a listener allowing registry.example, through the server's own proxy (an
+    upstream that opens every CONNECT and echoes what the tunnel carries): the heads it was asked, the
+    answers, and the listener."""
     asked: list[bytes] = []
 
     async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         asked.append(await reader.readuntil(b"\r\n\r\n"))
         writer.write(b"HTTP/1.1 200 OK\r\n\r\n")
-        writer.write(b"PONG " + await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"ECHO " + await reader.read(65536))
         await writer.drain()
         writer.close()
 
@@ -198,14 +201,41 @@ async def test_chains_to_the_servers_own_proxy(origin: int, monkeypatch: pytest.
     listener = await _listener("registry.example")
     async with server:
         try:
-            answer = await _ask(listener, b"CONNECT registry.example:443 HTTP/1.1\r\n\r\nPING\r\n\r\n")
-            refused = await _ask(listener, b"CONNECT other.example:443 HTTP/1.1\r\n\r\n")
+            answers = [await _ask(listener, tunnel) for tunnel in tunnels]
         finally:
             await listener.aclose()
-    assert answer.endswith(b"PONG PING\r\n\r\n")
+    return asked, answers, listener
+
+
+async def test_chains_to_the_servers_own_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTPS_PROXY of the server's environment: the tunnel is asked of that proxy, the name check stays ours."""
+    hello = client_hello("registry.example")
+    asked, (answer, refused), _ = await _chained(
+        monkeypatch,
+        b"CONNECT registry.example:443 HTTP/1.1\r\n\r\n" + hello,
+        b"CONNECT other.example:443 HTTP/1.1\r\n\r\n",
+    )
+    assert answer == b"HTTP/1.1 200 Connection established\r\n\r\nECHO " + hello
     assert asked[0].startswith(b"CONNECT registry.example:443 HTTP/1.1\r\n")
     assert b"Proxy-Authorization: Basic dXNlcjpwdw==" in asked[0]
     assert refused.startswith(b"HTTP/1.1 403") and len(asked) == 1
+
+
+async def test_a_tunnel_carries_tls_only_for_the_host_it_was_opened_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Behind one CDN address, the TLS server name picks the site: a tunnel to an allowed name that asks
+    for another one, for none, or that does not speak TLS is closed, and nothing of it goes on."""
+    connect = b"CONNECT registry.example:443 HTTP/1.1\r\n\r\n"
+    _, answers, listener = await _chained(
+        monkeypatch,
+        connect + client_hello("other-site.example"),
+        connect + client_hello(None),
+        connect + b"GET / HTTP/1.1\r\nHost: other-site.example\r\n\r\n",
+    )
+    assert answers == [b"HTTP/1.1 200 Connection established\r\n\r\n"] * 3  # then closed: no ECHO
+    reasons = [refusal.reason for refusal in listener.refused]
+    assert "the server name 'other-site.example', not this host" in reasons[0]
+    assert "no server name" in reasons[1]
+    assert "did not begin with a TLS ClientHello" in reasons[2]
 
 
 async def test_an_allowed_host_that_cannot_be_reached_is_a_502_remembered_for_the_install_error() -> None:
