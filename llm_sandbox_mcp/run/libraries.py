@@ -212,19 +212,39 @@ class LibraryCache:
 
     async def _evict(self, keep: str) -> None:
         """Least recently used stores go until this engine's fit SANDBOX_CACHE_TOTAL_SIZE; never one used
-        within a session's lifetime (a live session may have it mounted)."""
+        within a session's lifetime (a live session may have it mounted). When those alone fill the total (many
+        library sets in a short time), the new store `keep` goes too, and the install fails saying so."""
         entries = await anyio.to_thread.run_sync(self.index.entries, self.backend.name)
+        total = self.settings.sandbox_cache_total_size
         recent_since = time.time() - self.settings.sandbox_session_max_lifetime
-        for entry in over_total(entries, self.settings.sandbox_cache_total_size, keep, recent_since):
+        chosen = over_total(entries, total, keep, recent_since)
+        for entry in chosen:
             logger.info(
                 "Evicting library cache %s (%s, %d bytes): least recently used",
                 entry.key,
                 entry.language,
                 entry.size_bytes,
             )
-            await self.backend.drop_cache(entry.key)
-            await anyio.to_thread.run_sync(self.index.forget, entry.engine, entry.key)
-            self._ready.pop(entry.key, None)
+            await self._drop(entry)
+        left = sum(entry.size_bytes for entry in entries if entry not in chosen)
+        if left <= total:
+            return
+        new = [entry for entry in entries if entry.key == keep]
+        for entry in new:
+            await self._drop(entry)
+        held = left - sum(entry.size_bytes for entry in new)
+        hours = self.settings.sandbox_session_max_lifetime / 3600
+        raise InstallFailed(
+            f"The library caches on this engine are full: {held // 1024**2} MiB of SANDBOX_CACHE_TOTAL_SIZE "
+            f"({total // 1024**2} MiB) are held by library sets used within the last {hours:g} h, which a live "
+            f"session may still have mounted, and this set takes {(left - held) // 1024**2} MiB more; its cache was "
+            "removed again. `llm-sandbox-mcp cache prune` removes caches, or raise SANDBOX_CACHE_TOTAL_SIZE"
+        )
+
+    async def _drop(self, entry: CacheEntry) -> None:
+        await self.backend.drop_cache(entry.key)
+        await anyio.to_thread.run_sync(self.index.forget, entry.engine, entry.key)
+        self._ready.pop(entry.key, None)
 
     async def _install_in_sandbox(
         self, spec: SandboxSpec, lang: Language, specs: list[str], key: str, listener: EgressListener | None

@@ -92,6 +92,22 @@ async def test_past_the_total_the_least_recently_used_caches_go() -> None:
     assert {e.key for e in CacheIndex().entries("fake")} == {second, third}
 
 
+async def test_a_burst_of_library_sets_cannot_pass_the_total() -> None:
+    """Stores used lately are kept (a live session may have one mounted), so a burst of new sets would pile up
+    past the total: the one that does not fit is removed again and its install fails, naming the setting."""
+    backend = installer(du_kib=1024)
+    settings = Settings(sandbox_pool_size=0, sandbox_cache_total_size=2 * MIB)
+    python = get_language("python")
+    async with Executor(settings, backend) as executor:
+        kept = [await executor.libraries.ensure(python, [name]) for name in ("a", "b")]
+        with pytest.raises(
+            InstallFailed, match=r"full: 2 MiB of SANDBOX_CACHE_TOTAL_SIZE \(2 MiB\).* takes 1 MiB more"
+        ):
+            await executor.libraries.ensure(python, ["c"])
+        assert executor.libraries.key(python, ["c"]) in backend.dropped
+    assert {e.key for e in CacheIndex().entries("fake")} == set(kept)
+
+
 def test_cache_list_shows_every_cache_with_its_size_and_libraries(capsys: pytest.CaptureFixture[str]) -> None:
     CacheIndex().record(CacheEntry("docker", "0123456789abcdef", "python", ("pandas",), 300 * MIB, time.time()))
     assert main(["cache", "list"]) == 0
