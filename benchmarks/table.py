@@ -36,6 +36,7 @@ import anyio
 import mcp
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from result_files import record
 
 HELLO: dict[str, dict[str, Any]] = {
     "python print(1)": {"code": "print(1)"},
@@ -302,9 +303,11 @@ def main() -> None:
     parser.add_argument("--only", action="append", default=[], help="measure only scenarios whose name has this")
     parser.add_argument("--zygote", action="store_true", help="also measure Python with SANDBOX_ZYGOTE=true")
     parser.add_argument("--start-stop", action="store_true", help="measure only start-up, shutdown and the floors")
+    parser.add_argument("--results", type=Path, help="directory of the result file (default: benchmarks/results)")
     args = parser.parse_args()
     report = anyio.run(measure, args.runs, args.warmup, args.only, args.zygote, args.start_stop)
     sys.stdout.write(table(report) + "\n")
+    record("table", report["backend"], report, args.results)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
 
