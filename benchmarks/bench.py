@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between calls (not timed)")
     parser.add_argument("--json", type=Path, help="also write the report here")
-    parser.add_argument("--results", type=Path, help="directory of the result file (default: benchmarks/results)")
+    parser.add_argument("--results", type=Path, help="directory of the result file (default: benchmarks/measured)")
     args = parser.parse_args()
     report = anyio.run(bench, args.runs, args.warmup, args.interval)
     lines = [f"{report['machine']} · backend {report['backend']} · {report['runs']} runs, {args.interval:g} s apart"]

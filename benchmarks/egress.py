@@ -125,7 +125,7 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--connections", type=int, default=200)
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--results", type=Path, help="directory of the result file (default: benchmarks/results)")
+    parser.add_argument("--results", type=Path, help="directory of the result file (default: benchmarks/measured)")
     args = parser.parse_args()
     try:
         result = anyio.run(main, args.engines.split(","), args.runs, args.connections)

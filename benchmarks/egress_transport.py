@@ -129,7 +129,7 @@ if __name__ == "__main__":
     parser.add_argument("--packages", default="sympy==1.13.3")
     parser.add_argument("--what", default="throughput,install")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--results", type=Path, help="directory of the result file (default: benchmarks/results)")
+    parser.add_argument("--results", type=Path, help="directory of the result file (default: benchmarks/measured)")
     args = parser.parse_args()
     result = anyio.run(
         main,

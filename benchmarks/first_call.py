@@ -132,7 +132,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--results", type=Path, help="directory of the result file (default: benchmarks/results)")
+    parser.add_argument("--results", type=Path, help="directory of the result file (default: benchmarks/measured)")
     args = parser.parse_args()
     backend = os.environ.get("BACKEND", "docker")
     client = _engine(backend)

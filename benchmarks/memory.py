@@ -183,7 +183,7 @@ def main() -> None:
     parser.add_argument("--languages", default=",".join(HELLO))
     parser.add_argument("--pool-size", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the report here")
-    parser.add_argument("--results", type=Path, help="directory of the result file (default: benchmarks/results)")
+    parser.add_argument("--results", type=Path, help="directory of the result file (default: benchmarks/measured)")
     args = parser.parse_args()
     backend = os.environ.get("BACKEND", "docker")
     report: dict[str, Any] = {

@@ -1,6 +1,6 @@
 """Result files: every benchmark's report, with the machine it ran on and when, for docs/benchmarks.md.
 
-Each script calls `record(...)` once it has its report; the file goes to benchmarks/results/ (or `--results
+Each script calls `record(...)` once it has its report; the file goes to benchmarks/measured/ (or `--results
 DIR`) as `<date>-<benchmark>-<backend>.json`. `benchmarks/render.py` turns the newest ones into the page.
 """
 
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent / "measured"
 
 
 def _cpu_model() -> str | None:

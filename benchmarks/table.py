@@ -303,7 +303,7 @@ def main() -> None:
     parser.add_argument("--only", action="append", default=[], help="measure only scenarios whose name has this")
     parser.add_argument("--zygote", action="store_true", help="also measure Python with SANDBOX_ZYGOTE=true")
     parser.add_argument("--start-stop", action="store_true", help="measure only start-up, shutdown and the floors")
-    parser.add_argument("--results", type=Path, help="directory of the result file (default: benchmarks/results)")
+    parser.add_argument("--results", type=Path, help="directory of the result file (default: benchmarks/measured)")
     args = parser.parse_args()
     report = anyio.run(measure, args.runs, args.warmup, args.only, args.zygote, args.start_stop)
     sys.stdout.write(table(report) + "\n")
