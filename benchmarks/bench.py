@@ -89,7 +89,7 @@ def main() -> None:
     for name, numbers in report["scenarios"].items():
         lines.append(f"  {name:<18} p50 {numbers['p50_ms']:>7.1f} ms   p95 {numbers['p95_ms']:>7.1f} ms")
     sys.stdout.write("\n".join(lines) + "\n")
-    record("bench", report["backend"], report, args.results)
+    record("bench", report["backend"], report, args.results, short=args.runs < 10)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
 

@@ -6,6 +6,8 @@
 Only current numbers: per benchmark and backend, files are read newest first, and a row (a scenario, a
 language, a measure) is shown from the newest file that has it; an older run keeps only the rows no newer run
 measured again, and a run left with none is not shown. Each run keeps its own machine, date, load and floor.
+Short runs (`"short": true`, too few calls to stand for the server's speed) are listed apart, newest only, and
+never replace a full run's numbers.
 tests/unit/test_benchmarks_page.py fails when the page and the result files disagree.
 """
 
@@ -72,6 +74,10 @@ SECTIONS: dict[str, tuple[str, str]] = {
     ),
 }
 BACKENDS = ("docker", "podman", "bubblewrap", "nsjail", "kubernetes")
+SHORT_RUN = (
+    "Too few calls per column, on a machine shared with other jobs, to stand for the server's speed: it shows "
+    "what this machine did under that load (see its load average), beside the full runs above, not in their place."
+)
 
 
 def load(directory: Path = RESULTS) -> list[Json]:
@@ -252,15 +258,18 @@ def render(results: list[Json]) -> str:
         of_kind = [result for result in results if result["benchmark"] == kind]
         for backend in sorted({str(result["backend"]) for result in of_kind}, key=_backend_order):
             seen: set[str] = set()
-            shown: list[list[str]] = []
-            for result in reversed([r for r in of_kind if r["backend"] == backend]):  # newest first
+            full = [result for result in of_kind if result["backend"] == backend and not result.get("short")]
+            for result in reversed(full):  # newest first
                 header, rows = ROWS.get(kind, _flat_rows)(result["report"])
                 current = [row for row in rows if row[0] not in seen]
                 seen.update(row[0] for row in rows)
                 if current:
-                    shown.append(_run(result, current, header))
-            for block in shown:
-                lines += block
+                    lines += _run(result, current, header)
+        short = [result for result in of_kind if result.get("short")]
+        for backend in sorted({str(result["backend"]) for result in short}, key=_backend_order):
+            newest = [result for result in short if result["backend"] == backend][-1]
+            header, rows = ROWS.get(kind, _flat_rows)(newest["report"])
+            lines += [f"### Short run: {backend}", "", SHORT_RUN, "", *_run(newest, rows, header)]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

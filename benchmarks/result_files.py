@@ -11,6 +11,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -76,22 +77,26 @@ def machine() -> dict[str, Any]:
         "engines": {
             "docker": _engine_version(os.environ.get("DOCKER_HOST")),
             "podman": _engine_version(podman) if podman.startswith(("unix://", "tcp://")) else None,
-            "bwrap": _version_of(["bwrap", "--version"]),
+            "bwrap": (_version_of(["bwrap", "--version"]) or "").removeprefix("bubblewrap ") or None,
         },
         "load_average": [round(value, 2) for value in os.getloadavg()] if hasattr(os, "getloadavg") else None,
     }
 
 
-def record(benchmark: str, backend: str, report: dict[str, Any], directory: Path | None = None) -> Path:
-    """Write one result file and return its path."""
+def record(
+    benchmark: str, backend: str, report: dict[str, Any], directory: Path | None = None, short: bool = False
+) -> Path:
+    """Write one result file and return its path. `short`: too few calls to stand for the server's speed (a
+    smoke run); the page shows it apart and never in place of a full run's numbers."""
     now = datetime.datetime.now(datetime.timezone.utc)
     result: dict[str, Any] = {
         "benchmark": benchmark,
         "backend": backend,
         "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": machine(),
-        "command": " ".join([f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
+        "command": shlex.join([f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
         "source": "measured",
+        "short": short,
         "notes": [],
         "report": report,
     }

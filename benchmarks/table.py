@@ -56,6 +56,8 @@ HELLO: dict[str, dict[str, Any]] = {
 for _language in ("go", "cpp"):
     HELLO[f"{_language} hello, already built"] = HELLO[f"{_language} hello"]
 BUILT_EACH_CALL = {"go hello", "cpp hello"}
+# Fewer calls per column than this make a short run: shown apart on docs/benchmarks.md, never as the numbers.
+SHORT_RUNS = 10
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -307,7 +309,7 @@ def main() -> None:
     args = parser.parse_args()
     report = anyio.run(measure, args.runs, args.warmup, args.only, args.zygote, args.start_stop)
     sys.stdout.write(table(report) + "\n")
-    record("table", report["backend"], report, args.results)
+    record("table", report["backend"], report, args.results, short=args.runs < SHORT_RUNS)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
 

@@ -65,11 +65,19 @@ def test_a_row_measured_again_is_shown_only_from_the_newer_run() -> None:
             "floor_ms": {"fork of a warm interpreter": 4.5},
         },
     )
-    gone = _result("2025-12-01T00:00:00Z", {"scenarios": {"ruby hello": {"paced": {"p50_ms": 999}}}})
-    page = render.render([gone, old, new])
+    gone = _result("2025-12-01T00:00:00Z", {"scenarios": {"ruby hello": {"paced": {"p50_ms": 777}}}})
+    smoke = {
+        **_result("2026-03-01T00:00:00Z", {"scenarios": {"ruby hello": {"paced": {"p50_ms": 888}}}}),
+        "short": True,
+    }
+    page = render.render([gone, old, new, smoke])
     assert "| python print(1) | 211 / 212 ms | 213 / — ms |" in page
-    assert "111" not in page and "999" not in page and "2025-12-01" not in page
+    assert "111" not in page and "777" not in page and "2025-12-01" not in page
     assert "| ruby hello | 121 / 122 ms | 123 / — ms |" in page
+    # A short run is shown apart, after the full runs, and replaces none of their rows.
+    assert (
+        page.index("| ruby hello | 888 / — ms | — / — ms |") > page.index("### Short run: docker") > page.index("121")
+    )
     assert page.index("2026-02-01") < page.index("2026-01-01")  # newest first
     assert "Test CPU, 2 cores, 4 GiB, Linux 6.1, docker 26" in page
     assert "fork of a warm interpreter 4.5 ms" in page and "fork of a warm interpreter 3 ms" in page
