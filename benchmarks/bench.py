@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from result_files import record
 
 SCENARIOS: dict[str, dict[str, Any]] = {
     "print(1)": {"code": "print(1)"},
@@ -81,12 +82,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between calls (not timed)")
     parser.add_argument("--json", type=Path, help="also write the report here")
+    parser.add_argument("--results", type=Path, help="directory of the result file (default: benchmarks/measured)")
     args = parser.parse_args()
     report = anyio.run(bench, args.runs, args.warmup, args.interval)
     lines = [f"{report['machine']} · backend {report['backend']} · {report['runs']} runs, {args.interval:g} s apart"]
     for name, numbers in report["scenarios"].items():
         lines.append(f"  {name:<18} p50 {numbers['p50_ms']:>7.1f} ms   p95 {numbers['p95_ms']:>7.1f} ms")
     sys.stdout.write("\n".join(lines) + "\n")
+    record("bench", report["backend"], report, args.results, short=args.runs < 10)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
 

@@ -28,6 +28,8 @@ from anyio.abc import SocketStream
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from result_files import record
+
 from llm_sandbox_mcp.backends import load_backend
 from llm_sandbox_mcp.egress import EgressPolicy, HostRule, open_listener
 from llm_sandbox_mcp.languages import get_language
@@ -123,6 +125,7 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--connections", type=int, default=200)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--results", type=Path, help="directory of the result file (default: benchmarks/measured)")
     args = parser.parse_args()
     try:
         result = anyio.run(main, args.engines.split(","), args.runs, args.connections)
@@ -130,5 +133,6 @@ if __name__ == "__main__":
         kube.stop()
     text = json.dumps(result, indent=2)
     sys.stdout.write(text + "\n")
+    record("egress", args.engines, result, args.results)
     if args.json:
         args.json.write_text(text + "\n")

@@ -39,6 +39,8 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from result_files import record
+
 from llm_sandbox_mcp.backends import load_backend
 from llm_sandbox_mcp.languages import get_language
 from llm_sandbox_mcp.run.executor import Executor
@@ -127,6 +129,7 @@ if __name__ == "__main__":
     parser.add_argument("--packages", default="sympy==1.13.3")
     parser.add_argument("--what", default="throughput,install")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--results", type=Path, help="directory of the result file (default: benchmarks/measured)")
     args = parser.parse_args()
     result = anyio.run(
         main,
@@ -138,5 +141,6 @@ if __name__ == "__main__":
     )
     text = json.dumps(result, indent=2)
     sys.stdout.write(text + "\n")
+    record("egress_transport", args.engines, result, args.results)
     if args.json:
         args.json.write_text(text + "\n")

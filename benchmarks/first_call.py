@@ -30,6 +30,7 @@ from typing import Any
 import anyio
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from result_files import record
 
 from llm_sandbox_mcp.config import Settings
 
@@ -131,6 +132,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--results", type=Path, help="directory of the result file (default: benchmarks/measured)")
     args = parser.parse_args()
     backend = os.environ.get("BACKEND", "docker")
     client = _engine(backend)
@@ -166,6 +168,7 @@ async def main() -> None:
         "cpus": os.cpu_count(),
     }
     text = json.dumps(report, indent=1)
+    record("first_call", backend, report, args.results)
     if args.json:
         args.json.write_text(text + "\n")
     sys.stdout.write(text + "\n")

@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from result_files import record as record_result
 
 from llm_sandbox_mcp.backends._bubblewrap.host import state_root
 from llm_sandbox_mcp.backends._owner import PID
@@ -182,6 +183,7 @@ def main() -> None:
     parser.add_argument("--languages", default=",".join(HELLO))
     parser.add_argument("--pool-size", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the report here")
+    parser.add_argument("--results", type=Path, help="directory of the result file (default: benchmarks/measured)")
     args = parser.parse_args()
     backend = os.environ.get("BACKEND", "docker")
     report: dict[str, Any] = {
@@ -201,6 +203,7 @@ def main() -> None:
         per_sandbox = f"{row['charged_mib']} / {row['rss_mib']}"
         lines.append(f"| {language} | {per_sandbox} | {row['server_idle_rss_mib']} / {row['server_rss_mib']} |")
     sys.stdout.write("\n".join(lines) + "\n")
+    record_result("memory", backend, report, args.results)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
 

@@ -36,6 +36,7 @@ import anyio
 import mcp
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from result_files import record
 
 HELLO: dict[str, dict[str, Any]] = {
     "python print(1)": {"code": "print(1)"},
@@ -55,6 +56,8 @@ HELLO: dict[str, dict[str, Any]] = {
 for _language in ("go", "cpp"):
     HELLO[f"{_language} hello, already built"] = HELLO[f"{_language} hello"]
 BUILT_EACH_CALL = {"go hello", "cpp hello"}
+# Fewer calls per column than this make a short run: shown apart on docs/benchmarks.md, never as the numbers.
+SHORT_RUNS = 10
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -302,9 +305,11 @@ def main() -> None:
     parser.add_argument("--only", action="append", default=[], help="measure only scenarios whose name has this")
     parser.add_argument("--zygote", action="store_true", help="also measure Python with SANDBOX_ZYGOTE=true")
     parser.add_argument("--start-stop", action="store_true", help="measure only start-up, shutdown and the floors")
+    parser.add_argument("--results", type=Path, help="directory of the result file (default: benchmarks/measured)")
     args = parser.parse_args()
     report = anyio.run(measure, args.runs, args.warmup, args.only, args.zygote, args.start_stop)
     sys.stdout.write(table(report) + "\n")
+    record("table", report["backend"], report, args.results, short=args.runs < SHORT_RUNS)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
 

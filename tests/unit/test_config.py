@@ -4,6 +4,7 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,38 @@ def test_the_configuration_page_documents_every_variable() -> None:
     documented = set(re.findall(r"^\| `([A-Z0-9_]+)`", CONFIGURATION.read_text(), flags=re.MULTILINE))
     declared = {env_name(name) for name in Settings.model_fields} | {"SANDBOX_MEMORY"}
     assert documented == declared
+
+
+def _documented_defaults() -> dict[str, str]:
+    rows = re.findall(r"^\| `([A-Z0-9_]+)` \| (.*?) \|", CONFIGURATION.read_text(), flags=re.MULTILINE)
+    return {name: default.strip("`") for name, default in rows}
+
+
+# Variables whose field is unset by default and then takes a value the documentation states as the default.
+_DERIVED: dict[str, Callable[[Settings], object]] = {"SANDBOX_CPUS": lambda settings: settings.limits().cpus}
+
+
+def test_every_documented_default_is_the_one_the_code_uses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both ways: each documented default, given as the variable's value, is what the code uses when the variable
+    is absent; and a variable documented as unset has no value in the code."""
+    documented = _documented_defaults()
+    defaults = Settings()
+    for field, info in Settings.model_fields.items():
+        name = env_name(field)
+        text = documented[name]
+        if text in ("unset", "—"):
+            assert getattr(defaults, field) in (None, [], {}), f"{name} is documented as unset"
+            continue
+        unset_in_code = info.default is None and info.default_factory is None and name not in _DERIVED
+        assert not unset_in_code, f"{name} has no default in the code but is documented as {text!r}"
+        monkeypatch.setenv(name, text)
+        given = Settings()
+        monkeypatch.delenv(name)
+        if name in _DERIVED:
+            assert getattr(defaults, field) is None and _DERIVED[name](given) == _DERIVED[name](defaults), name
+        else:
+            assert getattr(given, field) == getattr(defaults, field), f"{name}: documented {text!r}"
+    assert documented["SANDBOX_MEMORY"] == "—"  # the synonym's row defers to SANDBOX_MEM_LIMIT's
 
 
 def test_server_json_declares_every_variable_with_the_documented_default() -> None:
