@@ -128,13 +128,21 @@ class JobRegistry(TaskOwner):
         self._jobs[job.id] = job
 
     def _has_room(self) -> bool:
-        return len(self._jobs) < self.settings.sandbox_max_jobs
+        """Whether one more job may run: only running jobs count against SANDBOX_MAX_JOBS. A finished job keeps
+        its result for SANDBOX_JOB_RETENTION, unless its slot is needed: then the oldest finished goes first."""
+        limit = self.settings.sandbox_max_jobs
+        if sum(1 for job in self._jobs.values() if job.finished is None) >= limit:
+            return False
+        finished = sorted((job for job in self._jobs.values() if job.finished is not None), key=_finished_at)
+        while len(self._jobs) >= limit and finished:
+            del self._jobs[finished.pop(0).id]
+        return True
 
     def _make_room(self) -> None:
         if not self._has_room():
             raise InvalidRequest(
-                f"The maximum of {self.settings.sandbox_max_jobs} jobs (SANDBOX_MAX_JOBS) is reached; wait for one to "
-                "finish, or cancel one with cancel_job (finished jobs are forgotten after SANDBOX_JOB_RETENTION)"
+                f"The maximum of {self.settings.sandbox_max_jobs} running jobs (SANDBOX_MAX_JOBS) is reached; wait "
+                "for one to finish, or cancel one with cancel_job"
             )
 
     def _prune(self) -> None:
@@ -150,7 +158,8 @@ class JobRegistry(TaskOwner):
         if job is None:
             raise SandboxNotFound(
                 f"Job {job_id!r} is not known: it never existed, or it finished more than "
-                f"{self.settings.sandbox_job_retention:g} s ago (SANDBOX_JOB_RETENTION) and its result is gone"
+                f"{self.settings.sandbox_job_retention:g} s ago (SANDBOX_JOB_RETENTION), or its slot went to a new "
+                f"job when {self.settings.sandbox_max_jobs} were kept (SANDBOX_MAX_JOBS), and its result is gone"
             )
         return job
 
@@ -172,6 +181,11 @@ class JobRegistry(TaskOwner):
         if job.finished is None:
             return None
         return max(0.0, self.settings.sandbox_job_retention - (time.monotonic() - job.finished))
+
+
+def _finished_at(job: Job) -> float:
+    assert job.finished is not None
+    return job.finished
 
 
 async def reporting(live: Live, progress: Report | None, work: Callable[[], Awaitable[T]]) -> T:

@@ -218,6 +218,21 @@ async def test_jobs_are_limited_and_forgotten_after_their_retention() -> None:
     assert not room_again.is_error
 
 
+async def test_finished_jobs_give_their_slots_to_new_ones_oldest_first() -> None:
+    backend = FakeBackend()
+    settings = Settings(sandbox_pool_size=0, sandbox_max_jobs=2, sandbox_job_retention=3600)
+    async with Client(build_server(settings, backend)) as client:
+        ids: list[str] = []
+        for code in ("a", "b", "c"):  # each finishes before the next starts; the third needs a slot
+            ids.append((await _job(client, {"code": code, "language": "javascript"}))["job_id"])
+            with anyio.fail_after(10):
+                done = _payload(await client.call_tool("get_job", {"job_id": ids[-1], "wait": 30}))
+            assert done["status"] == "finished"
+        oldest = await client.call_tool("get_job", {"job_id": ids[0]})
+        assert oldest.is_error and "SANDBOX_MAX_JOBS" in _text(oldest)
+        assert _payload(await client.call_tool("get_job", {"job_id": ids[1]}))["status"] == "finished"
+
+
 async def test_a_request_that_cannot_be_served_fails_at_once_even_in_the_background() -> None:
     backend = FakeBackend()
     async with Client(build_server(Settings(sandbox_pool_size=0), backend)) as client:
