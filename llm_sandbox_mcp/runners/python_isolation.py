@@ -7,7 +7,6 @@
 #   mask, read_only     (containers) paths the engine would have masked or made read-only, which the child
 #                       masks again under its own /proc and /sys; paths this kernel does not have are skipped
 # Must run on any Python 3.8+. Prints nothing of its own.
-import contextlib
 import ctypes
 import fcntl
 import os
@@ -61,9 +60,11 @@ def keep_only(keep):
 
 
 def raise_oom_score():
-    """The call's processes go first when memory runs out, before the template (raising needs no privilege)."""
-    with contextlib.suppress(OSError):
-        write("/proc/self/oom_score_adj", "1000")
+    """The call's processes go first when memory runs out, before the template (raising needs no privilege).
+    A process that is not dumpable has its /proc/self files owned by root, so this one is made dumpable first,
+    as new_namespaces, which comes next, makes it anyway; the child is made non-dumpable again after."""
+    check(LIBC.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "dumpable")
+    write("/proc/self/oom_score_adj", "1000")
 
 
 def new_namespaces():

@@ -511,10 +511,10 @@ def refuse(what, exc):
 def call_sandbox(isolation, config):
     """A call's child: a sandbox of its own (new namespaces, mounts, masks, no privilege, the strict filter),
     whose PID 1 runs one fork-mode request as run_forked does. Never returns."""
-    isolation.raise_oom_score()
     isolation.keep_only([PROTO.fileno(), STDIN.fileno()])
     try:
         isolation.set_rlimits(config)
+        isolation.raise_oom_score()
         isolation.new_namespaces()
     except Exception as exc:
         refuse("the call's namespaces", exc)

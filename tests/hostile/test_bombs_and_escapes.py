@@ -13,6 +13,7 @@ import pytest
 
 from llm_sandbox_mcp.errors import InstallFailed
 from llm_sandbox_mcp.run.executor import Executor
+from llm_sandbox_mcp.run.sessions import SessionRegistry
 from tests.engines.conftest import RecordingBackend, engine_settings
 from tests.support.egress import loopback_name
 from tests.support.registries import npm_registry, serve
@@ -88,6 +89,27 @@ async def test_a_thread_bomb_stops_at_the_pids_limit(executor: Executor) -> None
     stdout, _ = await run(executor, code)
     assert 0 < int(stdout) < executor.limits.pids, stdout
     await still_answers(executor)
+
+
+# On Kubernetes the kubelet sets the score from the pod's QoS class, on a node the server does not run on.
+@pytest.mark.parametrize(
+    "engine", [pytest.param(e, marks=getattr(pytest.mark, e)) for e in ("docker", "podman", "bubblewrap", "nsjail")]
+)
+async def test_out_of_memory_the_kernel_kills_a_sandbox_before_the_server(
+    executor: Executor, registry: SessionRegistry
+) -> None:
+    """Every kind of sandbox runs the code at the highest OOM score (a one-shot Python call, forked or pooled,
+    another language's pooled runtime, a session's cell), so the kernel's OOM killer picks it, not the server."""
+    read = "print(open('/proc/self/oom_score_adj').read().strip())"
+    python, _ = await run(executor, read)
+    node, _ = await run(executor, "console.log(require('fs').readFileSync('/proc/self/oom_score_adj', 'utf8').trim())",
+                        "javascript")  # fmt: skip
+    session = await registry.create("python", [])
+    try:
+        cell = await registry.execute(session.id, read, [], 60)
+    finally:
+        await registry.close(session.id)
+    assert (python, node, cell.stdout) == ("1000\n", "1000\n", "1000\n")
 
 
 async def test_raw_and_packet_sockets_devices_and_kernel_knobs_are_out_of_reach(executor: Executor) -> None:
