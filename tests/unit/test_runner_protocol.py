@@ -171,7 +171,8 @@ async def test_a_template_containers_kernel_serves_calls_one_child_at_a_time(hos
 
 
 # A stand-in runner: says hello (and is "gone" at once), reads one request, answers with the bytes the test chose,
-# then ends, hangs (so that only the reader's limits, not the end of the stream, can end the run) or floods.
+# then ends, hangs (so that only the reader's limits, not the end of the stream, can end the run) or floods
+# (more than the read budget, then a D the server must not have waited for).
 STAND_IN = """
 import os, struct, sys, time
 hello, answer, then = bytes.fromhex(sys.argv[1]), bytes.fromhex(sys.argv[2]), sys.argv[3]
@@ -182,9 +183,11 @@ kind, size = struct.unpack(">cI", os.read(0, 5))
 while size:
     size -= len(os.read(0, size))
 os.write(1, answer)
-while then == "flood":
-    os.write(1, struct.pack(">cI", b"O", 65536) + b"y" * 65536)
-if then == "hang":
+if then == "flood":  # 20 MiB of output, then a clean end
+    for _ in range(320):
+        os.write(1, struct.pack(">cI", b"O", 65536) + b"y" * 65536)
+    os.write(1, struct.pack(">cI", b"D", 11) + b'{"exit": 0}')
+if then in ("hang", "flood"):
     time.sleep(600)
 """
 
@@ -268,7 +271,7 @@ async def test_a_runner_that_exits_mid_frame_is_lost(host: HostRunners) -> None:
 
 async def test_a_flood_is_stopped_at_the_read_budget(host: HostRunners) -> None:
     kernel = await stand_in(host, b"", then="flood")
-    result = await run(kernel, "ignored", timeout=60, output_limit=1024)
+    result = await run(kernel, "ignored", timeout=60, output_limit=1024)  # a read budget of 16 MiB
     assert (result.exit_code, result.truncated, result.interpreter_lost, result.timed_out) == (137, True, True, False)
     assert len(result.stdout) < 2048 and host.killed == ["hostile"]
 
