@@ -319,7 +319,8 @@ class Kernel:
         return result
 
     def _artifact(self, body: bytes) -> Artifact | None:
-        """One output file; None for a name that leaves the output directory (skipped, as the kernel would)."""
+        """One output file; None for a name that leaves the output directory (skipped, as the kernel would) or is
+        not text (JSON can carry a lone surrogate, which no result can: skipped, as the supervisor does)."""
         header, newline, data = body.partition(b"\n")
         info = _json_object(header, _MAX_FILE_HEADER)
         name, size, inline = info.get("name"), info.get("size"), info.get("inline")
@@ -331,8 +332,9 @@ class Kernel:
             raise ProtocolError("files over the inline budget (SANDBOX_ARTIFACT_LIMIT)")
         self._room -= len(data)
         try:
+            name.encode()
             relative = str(safe_relative(name))
-        except FileTransferError:
+        except (UnicodeEncodeError, FileTransferError):
             return None
         return Artifact.of(relative, size, data if inline else None)
 

@@ -127,3 +127,10 @@ async def test_an_interpreter_that_ends_mid_run_is_a_result() -> None:
     assert result.exit_code == 137 and result.interpreter_lost and result.stdout == b"so far\n"
     assert b"the interpreter was lost" in result.stderr
     assert backend.killed == ["fake-1"]
+
+
+async def test_a_file_name_that_is_not_text_is_skipped_not_fatal() -> None:
+    # JSON escapes a lone surrogate (the Python kernel's name for a file whose name is not UTF-8); no result
+    # could carry it to the client.
+    result, _, _ = await run(file_frame("\udcff.txt", b"x") + file_frame("ok.txt", b"y") + done(0))
+    assert result.exit_code == 0 and [a.name for a in result.artifacts] == ["ok.txt"]
