@@ -123,7 +123,7 @@ async def test_the_pod_is_hardened_limited_and_labelled(backend: Threaded, core:
     assert pod["status"]["qosClass"] == "Guaranteed"
     volumes = {v["name"]: v for v in pod_spec["volumes"]}
     assert volumes["workspace"]["emptyDir"] == {"medium": "Memory", "sizeLimit": str(256 * 1024**2)}
-    assert volumes["tmp"]["emptyDir"] == {"sizeLimit": str(64 * 1024**2)}
+    assert volumes["tmp"]["emptyDir"] == {"medium": "Memory", "sizeLimit": str(64 * 1024**2)}
     assert {(m["name"], m["mountPath"]) for m in container["volumeMounts"]} == {
         ("workspace", "/workspace"),
         ("tmp", "/tmp"),

@@ -132,7 +132,8 @@ def pod_manifest(
     ]
     volumes: list[Json] = [
         {"name": "workspace", "emptyDir": {"medium": "Memory", "sizeLimit": str(limits.workspace_bytes)}},
-        {"name": "tmp", "emptyDir": {"sizeLimit": str(limits.tmp_bytes)}},
+        # Memory, as Docker's tmpfs: a disk emptyDir's sizeLimit is only checked now and then, by eviction.
+        {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": str(limits.tmp_bytes)}},
     ]
     if spec.cache is not None:
         read_only = not spec.cache.writable

@@ -23,8 +23,10 @@ What it implements:
 - The pod spec where Docker can express it: one container's image, command/args, env, workingDir,
   pod and container securityContext (user/group, supplementalGroups/fsGroup, runAsNonRoot, read-only
   root, capabilities, no-new-privileges, privileged, seccomp: `Localhost` profiles are read from the
-  `seccomp_root` directory, as a kubelet reads its own), CPU/memory limits, emptyDir (tmpfs sized
-  by sizeLimit) and PVC volumes, runtimeClassName (only the configured classes start),
+  `seccomp_root` directory, as a kubelet reads its own), CPU/memory limits, emptyDir (medium
+  Memory: a tmpfs sized by sizeLimit; otherwise a host directory, whose sizeLimit, which a kubelet enforces
+  only by evicting the pod now and then, is not enforced) and PVC volumes, runtimeClassName (only the
+  configured classes start),
   `activeDeadlineSeconds` (the container is killed and the pod fails with `DeadlineExceeded`, counted from
   the pod's start as a kubelet does). `hostUsers` is validated and stored without effect (the double's
   containers share Docker's user namespace).

@@ -10,12 +10,15 @@ import asyncio
 import io
 import logging
 import os
+import shutil
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any, TypeVar
 
 import docker
@@ -131,6 +134,8 @@ class DockerKubelet:
         self._pods: dict[str, PodRuntime] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._initialised_volumes: set[str] = set()
+        # Disk emptyDirs: one host directory per pod and volume, 0777 as a kubelet makes them.
+        self._scratch = Path(tempfile.mkdtemp(prefix="k8s-double-emptydir-"))
 
     async def _run_sync(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args, **kwargs))
@@ -234,6 +239,7 @@ class DockerKubelet:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
         await self._run_sync(self._sweep)
+        shutil.rmtree(self._scratch, ignore_errors=True)
 
     def _sweep(self) -> None:
         selector = {"label": f"{INSTANCE_LABEL}={self._instance}"}
@@ -369,7 +375,8 @@ class DockerKubelet:
         return as_obj(info.get("Config")), str(info.get("Id", ""))
 
     async def _prepare_volumes(self, runtime: PodRuntime, pod: JsonObj) -> dict[str, VolumeBacking] | None:
-        """emptyDirs as tmpfs; claims as their Docker volumes, with the kubelet's permissions on their root."""
+        """emptyDirs of medium Memory as tmpfs, others on disk; claims as their Docker volumes, with the kubelet's
+        permissions on their root."""
         spec = pod["spec"]
         fs_group = as_obj(spec.get("securityContext")).get("fsGroup")
         backings: dict[str, VolumeBacking] = {}
@@ -377,8 +384,16 @@ class DockerKubelet:
         for volume in as_list(spec.get("volumes")):
             name = str(volume["name"])
             if "emptyDir" in volume:
-                size = as_obj(volume["emptyDir"]).get("sizeLimit")
-                backings[name] = VolumeBacking("tmpfs", size_bytes=to_bytes(size) if size is not None else None)
+                empty_dir = as_obj(volume["emptyDir"])
+                size = empty_dir.get("sizeLimit")
+                size_bytes = to_bytes(size) if size is not None else None
+                if empty_dir.get("medium") == "Memory":
+                    backings[name] = VolumeBacking("tmpfs", size_bytes=size_bytes)
+                else:
+                    directory = self._scratch / runtime.uid / name
+                    directory.mkdir(parents=True, exist_ok=True)
+                    directory.chmod(0o777)
+                    backings[name] = VolumeBacking("disk", size_bytes=size_bytes, host_path=str(directory))
                 continue
             source = as_obj(volume["persistentVolumeClaim"])  # validation admits no other kind
             pvc = self._store.find(PERSISTENT_VOLUME_CLAIMS, runtime.namespace, str(source.get("claimName")))
@@ -501,6 +516,7 @@ class DockerKubelet:
             if runtime.task is not None:
                 runtime.task.cancel()
             await self._run_sync(self._remove_pod_containers, runtime.uid)
+            shutil.rmtree(self._scratch / runtime.uid, ignore_errors=True)
         self._pods.pop(runtime.uid, None)
         await self._finalize_claims(runtime.namespace)
 

@@ -25,11 +25,14 @@ class ContainerConfigError(Exception):
 
 @dataclass(frozen=True)
 class VolumeBacking:
-    """Where a pod volume lives: a tmpfs (emptyDir), or the Docker named volume of a claim."""
+    """Where a pod volume lives: a tmpfs (an emptyDir of medium Memory), a host directory (an emptyDir on the
+    node's disk: its sizeLimit is not enforced, as a kubelet only evicts the pod when it finds it past), or
+    the Docker named volume of a claim."""
 
-    kind: Literal["tmpfs", "volume"]
+    kind: Literal["tmpfs", "disk", "volume"]
     size_bytes: int | None = None
     docker_volume: str = ""
+    host_path: str = ""
     read_only: bool = False
 
 
@@ -187,6 +190,8 @@ def _mounts(container: JsonObj, backings: Mapping[str, VolumeBacking]) -> dict[s
         if backing.kind == "tmpfs":
             opts = ([f"size={backing.size_bytes}"] if backing.size_bytes else []) + ["mode=1777", "exec"]
             tmpfs[target] = ",".join(opts + (["ro"] if read_only else []))
+        elif backing.kind == "disk":
+            mounts.append(Mount(target, backing.host_path, type="bind", read_only=read_only))
         else:
             mounts.append(Mount(target, backing.docker_volume, type="volume", read_only=read_only))
     return {"mounts": mounts, "tmpfs": tmpfs}
