@@ -1,0 +1,65 @@
+"""The package's import graph (scripts/import_graph.py): no cycle, and the checker sees what it must."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _graph() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" / "import_graph.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their annotations there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "pkg"
+    for name, source in {"__init__.py": "", **files}.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(source)
+    return root
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    graph = _graph()
+    known = graph.modules(graph.ROOT)
+    assert "llm_sandbox_mcp.config" in known and "llm_sandbox_mcp.backends" in known
+    assert graph.cycles(known, graph.edges(known)) == []
+
+
+def test_a_cycle_counts_whatever_kind_of_import_closes_it(tmp_path: Path) -> None:
+    """Top-level, in a function or under TYPE_CHECKING: each is a dependency, and any of them closes a cycle."""
+    root = _package(
+        tmp_path,
+        {
+            "config.py": "from pkg import images\n",
+            "images/__init__.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.config import S\n",
+            "run/__init__.py": "",
+            "run/a.py": "def f():\n    from .b import g\n",
+            "run/b.py": "from pkg.run import a\n",
+            "flat.py": "import pkg.run.a\n",
+        },
+    )
+    graph = _graph()
+    known = graph.modules(root)
+    edges = graph.edges(known)
+    kinds = {(edge.source, edge.target): edge.kind for edge in edges}
+    assert kinds == {
+        ("pkg.config", "pkg.images"): "top",
+        ("pkg.images", "pkg.config"): "typing",
+        ("pkg.run.a", "pkg.run.b"): "lazy",
+        ("pkg.run.b", "pkg.run.a"): "top",
+        ("pkg.flat", "pkg.run.a"): "top",
+    }
+    assert graph.cycles(known, edges) == [["pkg.config", "pkg.images"], ["pkg.run.a", "pkg.run.b"]]
+    layers = [("vocabulary", ["*"]), ("features", ["images"]), ("run", ["run"])]
+    upward = [(edge.source, edge.target) for edge, _, _ in graph.upward(edges, layers, known)]
+    assert upward == [("pkg.config", "pkg.images"), ("pkg.flat", "pkg.run.a")]
+    assert graph.main(["--root", str(root), "--layers", "* runners", "images", "run"]) == 1
