@@ -22,9 +22,9 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from llm_sandbox_mcp.defaults import IMAGES, SANDBOX_USER
-from llm_sandbox_mcp.egress.policy import HostRule
 from llm_sandbox_mcp.errors import ConfigError
 from llm_sandbox_mcp.host_memory import physical_memory
+from llm_sandbox_mcp.host_rules import HostRule
 from llm_sandbox_mcp.models import MIN_CPUS, MIN_MEMORY, Limits
 
 BackendChoice = Literal["auto", "docker", "podman", "kubernetes", "bubblewrap", "nsjail"]

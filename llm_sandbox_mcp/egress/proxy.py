@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 
 from anyio.abc import SocketStream
 
-from llm_sandbox_mcp.egress.policy import EgressPolicy, HostRule, Refusal, ip_literal
+from llm_sandbox_mcp.egress.policy import EgressPolicy, Refusal
 from llm_sandbox_mcp.egress.request import MAX_HEAD, BadRequest, Request, parse_head
 from llm_sandbox_mcp.egress.upstream import Upstream, upstream_for
+from llm_sandbox_mcp.host_rules import HostRule, ip_literal
 
 logger = logging.getLogger(__name__)
 

@@ -1,13 +1,24 @@
-"""The package's import graph (scripts/import_graph.py): no cycle, and the checker sees what it must."""
+"""The package's import graph (scripts/import_graph.py): no cycle, and the checker sees what it must; and what
+importing the vocabulary loads (in a fresh interpreter)."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
+FEATURES = ("egress", "images", "backends", "seccomp", "run", "server", "commands")
+
+
+def _loaded(*modules: str) -> list[str]:
+    """The package's modules a fresh interpreter holds after importing `modules`."""
+    code = f"import json, sys\nimport {', '.join(modules)}\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    return [name for name in json.loads(done.stdout) if name.startswith("llm_sandbox_mcp.")]
 
 
 def _graph() -> ModuleType:
@@ -63,3 +74,9 @@ def test_a_cycle_counts_whatever_kind_of_import_closes_it(tmp_path: Path) -> Non
     upward = [(edge.source, edge.target) for edge, _, _ in graph.upward(edges, layers, known)]
     assert upward == [("pkg.config", "pkg.images"), ("pkg.flat", "pkg.run.a")]
     assert graph.main(["--root", str(root), "--layers", "* runners", "images", "run"]) == 1
+
+
+def test_the_settings_load_no_feature_package() -> None:
+    loaded = _loaded("llm_sandbox_mcp.config")
+    assert "llm_sandbox_mcp.config" in loaded
+    assert [name for name in loaded if name.split(".")[1] in FEATURES] == []
