@@ -17,9 +17,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from llm_sandbox_mcp.egress import EgressListener, EgressPolicy, HostRule, open_listener
+from llm_sandbox_mcp.egress.policy import EgressPolicy
+from llm_sandbox_mcp.egress.proxy import EgressListener, open_listener
 from llm_sandbox_mcp.egress.relay import RELAY_PORT, Relay, proxy_env, relay_alive, start_relay
 from llm_sandbox_mcp.egress.tunnel import Tunnels
+from llm_sandbox_mcp.host_rules import HostRule
 from llm_sandbox_mcp.images import run_image
 from llm_sandbox_mcp.models import Limits, SandboxRef, SandboxSpec
 from tests.engines.conftest import RecordingBackend, engine_settings

@@ -80,3 +80,9 @@ def test_the_settings_load_no_feature_package() -> None:
     loaded = _loaded("llm_sandbox_mcp.config")
     assert "llm_sandbox_mcp.config" in loaded
     assert [name for name in loaded if name.split(".")[1] in FEATURES] == []
+
+
+def test_the_egress_package_loads_no_part_until_one_is_imported() -> None:
+    loaded = _loaded("llm_sandbox_mcp.config", "llm_sandbox_mcp.egress")
+    assert "llm_sandbox_mcp.egress" in loaded
+    assert [name for name in loaded if name.startswith("llm_sandbox_mcp.egress.")] == []
