@@ -34,11 +34,11 @@ from anyio.abc import TaskGroup
 from llm_sandbox_mcp.backends import Backend, SandboxProcess
 from llm_sandbox_mcp.background import TaskOwner
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.egress.relay import run_env
 from llm_sandbox_mcp.errors import SandboxError, SandboxFailure
 from llm_sandbox_mcp.languages import Language, runner_source
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, Limits, Live, SandboxRef, SandboxSpec
 from llm_sandbox_mcp.run.budget import MemoryBudget
+from llm_sandbox_mcp.run.environment import run_env
 from llm_sandbox_mcp.run.kernel import Kernel, drop_uncollected_files, encode_frame
 from llm_sandbox_mcp.run.pool import IDLE_SECONDS
 

@@ -49,12 +49,12 @@ from llm_sandbox_mcp.backends._bubblewrap.host import (
     state_root,
 )
 from llm_sandbox_mcp.backends._bubblewrap.pipes import PipeProcess, feed, pump
-from llm_sandbox_mcp.backends._container import OOM_SCORE_ADJ
 from llm_sandbox_mcp.backends._userns import refused, sysctl_problem, userns_refused
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, SandboxFailure
 from llm_sandbox_mcp.models import (
     EGRESS_NETWORK,
+    OOM_SCORE_ADJ,
     WORKDIR,
     ExecResult,
     Limits,
