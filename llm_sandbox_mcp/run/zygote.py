@@ -54,7 +54,7 @@ def isolation_config(settings: Settings, limits: Limits, rlimits: Mapping[str, i
     """What runners/python_isolation.py gives each child sandbox: tmpfs sizes, the strict seccomp filter, these
     rlimits, and a CPU limit. Children wait for their call with it already set, so it is the longest timeout
     allowed; the call's own timeout is kept by its kernel, and from outside."""
-    from llm_sandbox_mcp.seccomp_bpf import FILTER
+    from llm_sandbox_mcp.seccomp.bpf import FILTER
 
     return {
         "workspace": limits.workspace_bytes,

@@ -32,7 +32,7 @@ from llm_sandbox_mcp.backends._nsjail import NsjailBackend
 from llm_sandbox_mcp.backends._nsjail.host import bundled
 from llm_sandbox_mcp.errors import BackendUnavailable, SandboxFailure
 from llm_sandbox_mcp.models import CacheMount, ExecResult, Limits, SandboxRef, SandboxSpec
-from llm_sandbox_mcp.seccomp_bpf import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, DENIED, SYSCALLS
+from llm_sandbox_mcp.seccomp.policy import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, DENIED, SYSCALLS
 from tests.engines.conftest import engine_settings, require
 
 pytestmark = pytest.mark.anyio

@@ -86,3 +86,10 @@ def test_the_egress_package_loads_no_part_until_one_is_imported() -> None:
     loaded = _loaded("llm_sandbox_mcp.config", "llm_sandbox_mcp.egress")
     assert "llm_sandbox_mcp.egress" in loaded
     assert [name for name in loaded if name.startswith("llm_sandbox_mcp.egress.")] == []
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    """Vocabulary < engines, seccomp, egress, images < run core < MCP face and commands (the script's LAYERS)."""
+    graph = _graph()
+    known = graph.modules(graph.ROOT)
+    assert [str(edge) for edge, _, _ in graph.upward(graph.edges(known), graph.LAYERS, known)] == []

@@ -63,7 +63,7 @@ from llm_sandbox_mcp.models import (
     SandboxSpec,
     captures,
 )
-from llm_sandbox_mcp.seccomp_bpf import FILTER, TEMPLATE_FILTER
+from llm_sandbox_mcp.seccomp.bpf import FILTER, TEMPLATE_FILTER
 
 logger = logging.getLogger(__name__)
 
