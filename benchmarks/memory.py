@@ -28,7 +28,7 @@ import anyio
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from llm_sandbox_mcp.backends._bubblewrap.host import state_root
+from llm_sandbox_mcp.backends._daemonless.host import state_root
 from llm_sandbox_mcp.backends._owner import PID
 
 MIB = 1024**2

@@ -18,7 +18,7 @@ import pytest
 
 from llm_sandbox_mcp.backends import _bubblewrap, load_backend
 from llm_sandbox_mcp.backends._bubblewrap import BubblewrapBackend
-from llm_sandbox_mcp.backends._bubblewrap.host import state_root
+from llm_sandbox_mcp.backends._daemonless.host import state_root
 from llm_sandbox_mcp.languages import get_language
 from llm_sandbox_mcp.models import Execution, Limits, Live, SandboxSpec
 from llm_sandbox_mcp.run import zygote

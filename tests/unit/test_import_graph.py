@@ -93,3 +93,34 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
     graph = _graph()
     known = graph.modules(graph.ROOT)
     assert [str(edge) for edge, _, _ in graph.upward(graph.edges(known), graph.LAYERS, known)] == []
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_daemonless_engines_share_through_their_own_folder_never_each_other() -> None:
+    graph = _graph()
+    known = graph.modules(graph.ROOT)
+    engines = ("llm_sandbox_mcp.backends._bubblewrap", "llm_sandbox_mcp.backends._nsjail")
+    crossing = [
+        str(edge)
+        for edge in graph.edges(known)
+        for source in engines
+        for target in engines
+        if source != target and _within(edge.source, source) and _within(edge.target, target)
+    ]
+    assert crossing == []
+    shared = "llm_sandbox_mcp.backends._daemonless"
+    assert not [str(edge) for edge in graph.edges(known) if _within(edge.source, shared) and edge.target in engines]
+
+
+def test_no_private_engine_module_is_imported_from_outside_the_engines() -> None:
+    graph = _graph()
+    known = graph.modules(graph.ROOT)
+    private = [
+        str(edge)
+        for edge in graph.edges(known)
+        if edge.target.startswith("llm_sandbox_mcp.backends._") and not _within(edge.source, "llm_sandbox_mcp.backends")
+    ]
+    assert private == []
