@@ -152,8 +152,8 @@ def cycles(names: Iterable[str], graph: Sequence[Edge]) -> list[list[str]]:
     return sorted(found)
 
 
-def floors(names: Iterable[str], graph: Sequence[Edge]) -> int:
-    """The longest chain of imports, in modules, with each cycle counted as one module."""
+def longest_chain(names: Iterable[str], graph: Sequence[Edge]) -> list[str]:
+    """The longest chain of imports (its length: the floors), with each cycle counted as one module."""
     names = list(names)
     component = {name: name for name in names}
     for members in cycles(names, graph):
@@ -163,14 +163,15 @@ def floors(names: Iterable[str], graph: Sequence[Edge]) -> int:
     for edge in graph:
         if component[edge.source] != component[edge.target]:
             successors[component[edge.source]].add(component[edge.target])
-    depth: dict[str, int] = {}
+    chains: dict[str, list[str]] = {}
 
-    def height(node: str) -> int:
-        if node not in depth:
-            depth[node] = 1 + max((height(target) for target in successors[node]), default=0)
-        return depth[node]
+    def chain(node: str) -> list[str]:
+        if node not in chains:
+            below = max((chain(target) for target in sorted(successors[node])), key=len, default=list[str]())
+            chains[node] = [node, *below]
+        return chains[node]
 
-    return max((height(node) for node in successors), default=0)
+    return max((chain(node) for node in sorted(successors)), key=len, default=list[str]())
 
 
 def layer_of(name: str, layers: Sequence[tuple[str, Sequence[str]]], known: dict[str, Path]) -> int:
@@ -232,7 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.write(f"upward imports: {len(up)}\n")
     for edge, source, target in up:
         out.write(f"  {edge}: {source} imports {target}\n")
-    out.write(f"floors: {floors(known, graph)}\n")
+    chain = longest_chain(known, graph)
+    out.write(f"floors: {len(chain)}\n  {' -> '.join(name.removeprefix(PACKAGE + '.') for name in chain)}\n")
     if args.edges:
         out.write("".join(f"{edge}\n" for edge in graph))
     return 1 if found or (args.strict and up) else 0
