@@ -31,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from result_files import record
 
 from llm_sandbox_mcp.backends import load_backend
-from llm_sandbox_mcp.egress import EgressPolicy, HostRule, open_listener
+from llm_sandbox_mcp.egress.policy import EgressPolicy
+from llm_sandbox_mcp.egress.proxy import open_listener
+from llm_sandbox_mcp.host_rules import HostRule
 from llm_sandbox_mcp.languages import get_language
 from llm_sandbox_mcp.run.executor import Executor
 from tests.engines import kube

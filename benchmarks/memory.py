@@ -29,7 +29,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from result_files import record as record_result
 
-from llm_sandbox_mcp.backends._bubblewrap.host import state_root
+from llm_sandbox_mcp.backends._daemonless.host import state_root
 from llm_sandbox_mcp.backends._owner import PID
 
 MIB = 1024**2

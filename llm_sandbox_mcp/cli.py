@@ -103,9 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "doctor":
         return anyio.run(_doctor, settings)
     if args.command == "seccomp-profile":
-        from llm_sandbox_mcp import seccomp
+        from llm_sandbox_mcp.seccomp import oci
 
-        sys.stdout.write(json.dumps(seccomp.oci_profile(), indent=2) + "\n")
+        sys.stdout.write(json.dumps(oci.oci_profile(), indent=2) + "\n")
         return 0
     if args.command == "run":
         return anyio.run(_run, settings, args)
@@ -231,9 +231,9 @@ async def _zygote_line(settings: Settings) -> str:
 
 
 def _seccomp_line(name: str, settings: Settings) -> str:
-    from llm_sandbox_mcp import seccomp
+    from llm_sandbox_mcp.seccomp import oci
 
-    return seccomp.in_force(
+    return oci.in_force(
         name, settings.sandbox_security_opt, settings.sandbox_privileged, settings.sandbox_k8s_seccomp_profile
     )
 

@@ -21,11 +21,10 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from llm_sandbox_mcp import images
 from llm_sandbox_mcp.defaults import IMAGES, SANDBOX_USER
-from llm_sandbox_mcp.egress.policy import HostRule
 from llm_sandbox_mcp.errors import ConfigError
 from llm_sandbox_mcp.host_memory import physical_memory
+from llm_sandbox_mcp.host_rules import HostRule
 from llm_sandbox_mcp.models import MIN_CPUS, MIN_MEMORY, Limits
 
 BackendChoice = Literal["auto", "docker", "podman", "kubernetes", "bubblewrap", "nsjail"]
@@ -218,11 +217,6 @@ class Settings(BaseSettings):
         """SANDBOX_IMAGE_* of the language, as configured."""
         image: str = getattr(self, f"sandbox_image_{language}")
         return image
-
-    def image_for(self, language: str) -> str:
-        """The image the language's sandboxes run: the project image built on SANDBOX_IMAGE_* (unless
-        SANDBOX_PROJECT_IMAGES=false or on Kubernetes), else SANDBOX_IMAGE_* itself."""
-        return images.run_image(self, language)
 
     def limits(self) -> Limits:
         """The per-sandbox limits these settings describe."""

@@ -26,6 +26,8 @@ EGRESS_NETWORK = "egress"
 # Floors of what a sandbox may be given: below them engines drop the limit (a CPU quota of 0 means none).
 MIN_CPUS = 0.01
 MIN_MEMORY = 32 * 1024**2
+# The kernel kills sandboxes before the server when memory runs out (every engine sets it).
+OOM_SCORE_ADJ = 1000
 # The largest program a call may send.
 MAX_CODE_BYTES = 1024 * 1024
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from llm_sandbox_mcp.models import Limits
+from llm_sandbox_mcp.models import OOM_SCORE_ADJ, Limits
 
 # PID 1, in every image that has a POSIX shell. It holds the sandbox open and:
 # - reaps orphans (its `wait` collects any child), so a fork bomb's zombies give their pids back;
@@ -28,8 +28,6 @@ KILL_REQUEST = ["sh", "-c", "kill -USR1 1 && sleep 300"]
 KILL_SECONDS = 30.0
 CACHE_PREFIX = "llm-sandbox-mcp-libs-"
 NPROC = 4096
-# The kernel kills sandboxes before the server when memory runs out.
-OOM_SCORE_ADJ = 1000
 # A zygote template container (`SandboxSpec.forks`) starts lower, and each call's sandbox raises itself back to
 # OOM_SCORE_ADJ: a memory bomb kills the call, not the template that serves the next one.
 TEMPLATE_OOM_SCORE_ADJ = 500

@@ -21,7 +21,6 @@ import docker.errors
 from docker.models import containers as _sdk_containers
 from docker.types import LogConfig, Mount, Ulimit
 
-from llm_sandbox_mcp import seccomp
 from llm_sandbox_mcp.backends import VANISHED_EXIT, ImageBuild, ImageInfo, _owner
 from llm_sandbox_mcp.backends._build import follow
 from llm_sandbox_mcp.backends._container import (
@@ -50,7 +49,8 @@ from llm_sandbox_mcp.models import (
     SandboxSpec,
     captures,
 )
-from llm_sandbox_mcp.seccomp import ours_applies
+from llm_sandbox_mcp.seccomp import oci
+from llm_sandbox_mcp.seccomp.oci import ours_applies
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def security_options(limits: Limits, forks: bool = False) -> list[str]:
                 option = f"seccomp={profile.read()}"
         options.append(option)
     if ours_applies(limits.security_opt, limits.privileged):
-        options.append(f"seccomp={seccomp.TEMPLATE_PROFILE_JSON if forks else seccomp.PROFILE_JSON}")
+        options.append(f"seccomp={oci.TEMPLATE_PROFILE_JSON if forks else oci.PROFILE_JSON}")
     return options
 
 

@@ -17,9 +17,6 @@ test and to secure, and speed does not ask for it: measured with benchmarks/egre
 project's 2-core machine, the tunnel carries 50-100 MiB/s into a sandbox (the socket mount: 300-670 MiB/s),
 more than a registry download reaches, and a library install of about 7 MB from the public registry takes
 8-11 s either way (Docker 11.0 s against 8.6 s; bubblewrap and Podman the same within noise).
+
+This module imports nothing: importing a part (`egress.policy`, `egress.proxy`...) loads that part only.
 """
-
-from llm_sandbox_mcp.egress.policy import EgressPolicy, HostRule, Refusal
-from llm_sandbox_mcp.egress.proxy import EgressListener, open_listener
-
-__all__ = ["EgressListener", "EgressPolicy", "HostRule", "Refusal", "open_listener"]

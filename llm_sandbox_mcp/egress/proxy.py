@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 
 from anyio.abc import SocketStream
 
-from llm_sandbox_mcp.egress.policy import WEB_PORTS, EgressPolicy, HostRule, Refusal, ip_literal
+from llm_sandbox_mcp.egress.policy import EgressPolicy, Refusal
 from llm_sandbox_mcp.egress.request import MAX_HEAD, BadRequest, Request, parse_head
 from llm_sandbox_mcp.egress.tls import NotAClientHello, read_client_hello, server_name
 from llm_sandbox_mcp.egress.upstream import Upstream, upstream_for
+from llm_sandbox_mcp.host_rules import WEB_PORTS, HostRule, ip_literal
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
-from llm_sandbox_mcp.egress.policy import HostRule
+from llm_sandbox_mcp.host_rules import HostRule
 
 INSTALL_SETTING = "SANDBOX_INSTALL_ALLOW_HOSTS"
 _URL = re.compile(r"[a-z][a-z0-9+.-]*://[^\s\"',;|]+", re.IGNORECASE)

@@ -11,8 +11,8 @@ from llm_sandbox_mcp.backends import Backend, SandboxProcess
 from llm_sandbox_mcp.egress.proxy import EgressListener
 from llm_sandbox_mcp.egress.tunnel import MAX_PAYLOAD, Tunnel, Tunnels
 from llm_sandbox_mcp.errors import SandboxFailure
-from llm_sandbox_mcp.languages import Language, runner_source, sandbox_env
-from llm_sandbox_mcp.models import SandboxRef, SandboxSpec
+from llm_sandbox_mcp.languages import runner_source
+from llm_sandbox_mcp.models import SandboxRef
 
 RELAY_PORT = 3128
 _READY_SECONDS = 20.0
@@ -28,13 +28,6 @@ def proxy_env() -> dict[str, str]:
     names = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "npm_config_proxy", "npm_config_https_proxy")
     java = " ".join(f"-D{scheme}.proxyHost=127.0.0.1 -D{scheme}.proxyPort={RELAY_PORT}" for scheme in ("http", "https"))
     return {**dict.fromkeys(names, url), "NO_PROXY": "", "no_proxy": "", "JAVA_TOOL_OPTIONS": java}
-
-
-def run_env(language: Language, spec: SandboxSpec) -> dict[str, str]:
-    """What code runs with in a sandbox of `spec`: the language's variables (its library paths when the store
-    is mounted) and, when the sandbox may reach the egress proxy (`spec.egress`), the proxy's."""
-    proxy = proxy_env() if spec.egress else {}
-    return {**sandbox_env(language, with_libraries=spec.cache is not None), **proxy}
 
 
 @dataclass

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from llm_sandbox_mcp.egress.policy import normalize_host
+from llm_sandbox_mcp.host_rules import normalize_host
 
 MAX_HEAD = 16 * 1024
 MAX_HEADERS = 100

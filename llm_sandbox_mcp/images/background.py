@@ -101,7 +101,7 @@ class ProjectImages:
         """The image new sandboxes of `language` get: its project image once it is known to be on the engine,
         else the base image."""
         if self.builder is None:
-            return self.settings.image_for(language)
+            return images.run_image(self.settings, language)
         if language in self._ready:
             return self.recipe(language).tag
         return self.settings.base_image_for(language)

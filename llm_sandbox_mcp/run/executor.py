@@ -18,7 +18,6 @@ from llm_sandbox_mcp import images
 from llm_sandbox_mcp.artifacts import Artifact, collect
 from llm_sandbox_mcp.backends import Backend, stop_on_cancel
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.egress.relay import run_env
 from llm_sandbox_mcp.egress.tunnel import Tunnels
 from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure
 from llm_sandbox_mcp.images.background import ProjectImages
@@ -37,6 +36,7 @@ from llm_sandbox_mcp.models import (
 )
 from llm_sandbox_mcp.run.budget import MemoryBudget
 from llm_sandbox_mcp.run.build_cache import BUILD_PIPE_ENV, RUN_SCRIPTS, BuildCache, Plan
+from llm_sandbox_mcp.run.environment import run_env
 from llm_sandbox_mcp.run.forking import READY_SECONDS, Forks, ForksUnavailable
 from llm_sandbox_mcp.run.hints import missing_library_hint
 from llm_sandbox_mcp.run.kernel import Kernel, KernelDied, SandboxRefused, drop_uncollected_files

@@ -20,7 +20,8 @@ import anyio
 from llm_sandbox_mcp.backends import Backend, stop_on_cancel
 from llm_sandbox_mcp.cache_index import CacheEntry, CacheIndex, over_total
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.egress import EgressListener, EgressPolicy, HostRule, open_listener
+from llm_sandbox_mcp.egress.policy import EgressPolicy
+from llm_sandbox_mcp.egress.proxy import EgressListener, open_listener
 from llm_sandbox_mcp.egress.registries import (
     DEFAULT_REGISTRY_COMMANDS,
     INSTALL_SETTING,
@@ -30,6 +31,8 @@ from llm_sandbox_mcp.egress.registries import (
 from llm_sandbox_mcp.egress.relay import Relay, proxy_env, start_relay
 from llm_sandbox_mcp.egress.tunnel import Tunnels
 from llm_sandbox_mcp.errors import InstallFailed, SandboxFailure
+from llm_sandbox_mcp.host_rules import HostRule
+from llm_sandbox_mcp.images import run_image
 from llm_sandbox_mcp.languages import LANGUAGES, Language, install_env, sandbox_env
 from llm_sandbox_mcp.models import (
     EGRESS_NETWORK,
@@ -148,7 +151,7 @@ class LibraryCache:
         self.index = CacheIndex()
         # The image a language's installs and runs use now (the executor's: its base image while the project
         # image is built in the background).
-        self.image_of: Callable[[str], str] = settings.image_for
+        self.image_of: Callable[[str], str] = lambda language: run_image(settings, language)
 
     def needed(self, lang: Language, specs: list[str]) -> bool:
         """Whether a run of `lang` with `specs` mounts a store (Go builds one even without libraries)."""

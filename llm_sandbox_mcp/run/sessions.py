@@ -14,13 +14,15 @@ from dataclasses import dataclass, field, replace
 import anyio
 
 from llm_sandbox_mcp.config import Settings, parse_size
-from llm_sandbox_mcp.egress import EgressListener, EgressPolicy, HostRule, open_listener
+from llm_sandbox_mcp.durations import duration
+from llm_sandbox_mcp.egress.policy import EgressPolicy
+from llm_sandbox_mcp.egress.proxy import EgressListener, open_listener
 from llm_sandbox_mcp.egress.relay import Relay, relay_alive, start_relay
 from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure, SandboxNotFound
+from llm_sandbox_mcp.host_rules import HostRule
 from llm_sandbox_mcp.languages import Language, get_language
 from llm_sandbox_mcp.models import EGRESS_NETWORK, MIN_CPUS, MIN_MEMORY, Execution, Limits, Live
 from llm_sandbox_mcp.run.executor import Cell, Executor, Lease, Program
-from llm_sandbox_mcp.server.metadata import duration
 
 logger = logging.getLogger(__name__)
 

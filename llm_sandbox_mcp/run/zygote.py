@@ -34,11 +34,11 @@ from anyio.abc import TaskGroup
 from llm_sandbox_mcp.backends import Backend, SandboxProcess
 from llm_sandbox_mcp.background import TaskOwner
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.egress.relay import run_env
 from llm_sandbox_mcp.errors import SandboxError, SandboxFailure
 from llm_sandbox_mcp.languages import Language, runner_source
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, Limits, Live, SandboxRef, SandboxSpec
 from llm_sandbox_mcp.run.budget import MemoryBudget
+from llm_sandbox_mcp.run.environment import run_env
 from llm_sandbox_mcp.run.kernel import Kernel, drop_uncollected_files, encode_frame
 from llm_sandbox_mcp.run.pool import IDLE_SECONDS
 
@@ -54,7 +54,7 @@ def isolation_config(settings: Settings, limits: Limits, rlimits: Mapping[str, i
     """What runners/python_isolation.py gives each child sandbox: tmpfs sizes, the strict seccomp filter, these
     rlimits, and a CPU limit. Children wait for their call with it already set, so it is the longest timeout
     allowed; the call's own timeout is kept by its kernel, and from outside."""
-    from llm_sandbox_mcp.seccomp_bpf import FILTER
+    from llm_sandbox_mcp.seccomp.bpf import FILTER
 
     return {
         "workspace": limits.workspace_bytes,

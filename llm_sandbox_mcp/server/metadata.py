@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 from mcp_types import Icon, ToolAnnotations
 
+from llm_sandbox_mcp.durations import duration
+
 if TYPE_CHECKING:
     from llm_sandbox_mcp.config import Settings
 
@@ -39,15 +41,6 @@ def hints(title: str, *, read_only: bool, destructive: bool, idempotent: bool, o
         idempotent_hint=idempotent,
         open_world_hint=open_world,
     )
-
-
-def duration(seconds: float) -> str:
-    """Seconds as a person says them: 8 h, 1.5 h, 30 min, 90 s."""
-    if seconds >= 3600 and seconds % 360 == 0:
-        return f"{seconds / 3600:g} h"
-    if seconds >= 60 and seconds % 6 == 0:
-        return f"{seconds / 60:g} min"
-    return f"{seconds:g} s"
 
 
 def lifetime(settings: Settings) -> str:

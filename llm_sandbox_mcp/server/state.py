@@ -18,6 +18,7 @@ from llm_sandbox_mcp.artifacts import mime_type_of
 from llm_sandbox_mcp.backends import RuntimeProbe
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, InvalidRequest, SandboxError
+from llm_sandbox_mcp.images import run_image
 from llm_sandbox_mcp.languages import LANGUAGES, Language, get_language
 from llm_sandbox_mcp.models import Execution, Live
 from llm_sandbox_mcp.server.results import (
@@ -203,7 +204,7 @@ class AppState:
         return LanguageInfo(
             name=lang.name,
             title=lang.title,
-            image=self.settings.image_for(lang.name),
+            image=run_image(self.settings, lang.name),
             package_manager=lang.package_manager,
             plots=lang.plots,
             available=missing is None,

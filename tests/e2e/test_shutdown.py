@@ -14,7 +14,7 @@ from typing import Any, cast
 import docker
 import pytest
 
-from llm_sandbox_mcp.backends._bubblewrap.host import state_root
+from llm_sandbox_mcp.backends._daemonless.host import state_root
 from llm_sandbox_mcp.backends._owner import PID
 from tests.e2e.test_stdio import ENV, SCRIPT
 from tests.engines.conftest import require_now

@@ -18,7 +18,7 @@ import docker.errors
 
 from llm_sandbox_mcp.errors import BackendUnavailable
 from llm_sandbox_mcp.models import Limits
-from llm_sandbox_mcp.seccomp import PROFILE_JSON
+from llm_sandbox_mcp.seccomp.oci import PROFILE_JSON
 from tests.support.k8s_double import KubeApiDouble
 
 RUNTIME_CLASSES = ("gvisor",)

@@ -24,15 +24,18 @@ from typing import Any
 import anyio
 import pytest
 
-from llm_sandbox_mcp.backends import _bubblewrap, _owner, load_backend
-from llm_sandbox_mcp.backends._bubblewrap import BubblewrapBackend, HostSandbox
-from llm_sandbox_mcp.backends._bubblewrap.cgroup import CgroupManager
-from llm_sandbox_mcp.backends._bubblewrap.host import MIN_VERSION, cache_root, state_root, version_of
+from llm_sandbox_mcp.backends import _owner, load_backend
+from llm_sandbox_mcp.backends._bubblewrap import BubblewrapBackend
+from llm_sandbox_mcp.backends._bubblewrap.host import MIN_VERSION, version_of
+from llm_sandbox_mcp.backends._daemonless import sandbox as daemonless_sandbox
+from llm_sandbox_mcp.backends._daemonless.cgroup import CgroupManager
+from llm_sandbox_mcp.backends._daemonless.host import cache_root, state_root
+from llm_sandbox_mcp.backends._daemonless.sandbox import HostSandbox
 from llm_sandbox_mcp.backends._nsjail import NsjailBackend
 from llm_sandbox_mcp.backends._nsjail.host import bundled
 from llm_sandbox_mcp.errors import BackendUnavailable, SandboxFailure
 from llm_sandbox_mcp.models import CacheMount, ExecResult, Limits, SandboxRef, SandboxSpec
-from llm_sandbox_mcp.seccomp_bpf import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, DENIED, SYSCALLS
+from llm_sandbox_mcp.seccomp.policy import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, DENIED, SYSCALLS
 from tests.engines.conftest import engine_settings, require
 
 pytestmark = pytest.mark.anyio
@@ -405,7 +408,7 @@ async def test_without_cgroups_it_refuses_rather_than_run_on_rlimits_alone(
 ) -> None:
     """As on a host where no cgroup can be made (an unprivileged user without delegation, a container)."""
     await require(request, "bubblewrap")
-    monkeypatch.setattr(_bubblewrap, "CgroupManager", lambda: CgroupManager([]))
+    monkeypatch.setattr(daemonless_sandbox, "CgroupManager", lambda: CgroupManager([]))
     backend = BubblewrapBackend(None)
     try:
         with pytest.raises(BackendUnavailable, match="cannot bound memory, CPU and pids") as raised:

@@ -15,7 +15,7 @@ from llm_sandbox_mcp.errors import InvalidRequest
 from llm_sandbox_mcp.languages import get_language
 from llm_sandbox_mcp.models import Execution
 from llm_sandbox_mcp.run.executor import Executor
-from llm_sandbox_mcp.seccomp import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, SYSCALLS
+from llm_sandbox_mcp.seccomp.policy import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, SYSCALLS
 from tests.engines.conftest import RecordingBackend, engine_settings
 
 pytestmark = pytest.mark.anyio

@@ -23,7 +23,7 @@ from llm_sandbox_mcp.backends import load_backend
 from llm_sandbox_mcp.errors import InstallFailed
 from llm_sandbox_mcp.run.executor import Executor
 from llm_sandbox_mcp.run.sessions import SessionRegistry
-from llm_sandbox_mcp.seccomp import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, SYSCALLS
+from llm_sandbox_mcp.seccomp.policy import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, SYSCALLS
 from tests.engines.conftest import engine_settings, require
 from tests.engines.test_contract import SYSCALL_ANSWERS, SYSCALL_PROBE
 from tests.support.egress import loopback_name

@@ -13,6 +13,7 @@ from pathlib import PurePosixPath
 import pytest
 
 from llm_sandbox_mcp.cache_index import CacheIndex
+from llm_sandbox_mcp.images import run_image
 from llm_sandbox_mcp.languages import Language, get_language, sandbox_env
 from llm_sandbox_mcp.models import LIBS_DIR, WORKDIR, CacheMount, SandboxSpec
 from llm_sandbox_mcp.run.executor import Executor
@@ -151,7 +152,7 @@ async def private_store(
             async def change(script: str) -> None:
                 writable = CacheMount(key, writable=True)
                 ref = await backend.create(
-                    SandboxSpec(executor.settings.image_for(language), executor.limits, writable)
+                    SandboxSpec(run_image(executor.settings, language), executor.limits, writable)
                 )
                 try:
                     done = await backend.exec(ref, ["sh", "-c", script], timeout=60)

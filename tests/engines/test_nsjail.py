@@ -27,7 +27,7 @@ from llm_sandbox_mcp.backends._nsjail.host import Nsjail, find_nsjail
 from llm_sandbox_mcp.backends._nsjail.policy import kafel_policy
 from llm_sandbox_mcp.errors import BackendUnavailable
 from llm_sandbox_mcp.models import WORKDIR, CacheMount, Limits, SandboxSpec
-from llm_sandbox_mcp.seccomp import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, DENIED, SYSCALLS
+from llm_sandbox_mcp.seccomp.policy import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, DENIED, SYSCALLS
 from tests.engines.conftest import require
 from tests.engines.test_bubblewrap import MARKER, host_processes, nsjail_binary, python, sandbox, until
 

@@ -28,6 +28,7 @@ from llm_sandbox_mcp.backends._podman.libpod import container_spec, network_fiel
 from llm_sandbox_mcp.backends._podman.service import Candidate, Engine, candidates
 from llm_sandbox_mcp.backends._threaded import Threaded
 from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFailure
+from llm_sandbox_mcp.images import run_image
 from llm_sandbox_mcp.models import Limits, SandboxSpec
 from tests.engines.conftest import engine_settings, require
 
@@ -296,7 +297,7 @@ def limits_seen(output: bytes) -> tuple[str, dict[str, tuple[str, str]]]:
 async def test_rlimits_are_explicit_and_lowered(podman_url: str) -> None:
     settings = engine_settings("podman", podman_host=podman_url, sandbox_nofile_limit=512)
     backend = _podman.from_settings(settings)
-    ref = await backend.create(SandboxSpec(settings.image_for("python"), settings.limits()))
+    ref = await backend.create(SandboxSpec(run_image(settings, "python"), settings.limits()))
     try:
         result = await backend.exec(ref, LIMITS_PROBE, timeout=30)
     finally:
@@ -348,7 +349,7 @@ async def test_sandboxes_start_on_a_service_without_configured_ulimits(bare_serv
     settings = engine_settings("podman", podman_host=bare_service, sandbox_nofile_limit=777)
     backend = _podman.from_settings(settings)
     try:
-        ref = await backend.create(SandboxSpec(settings.image_for("python"), settings.limits()))
+        ref = await backend.create(SandboxSpec(run_image(settings, "python"), settings.limits()))
         result = await backend.exec(ref, LIMITS_PROBE, timeout=30)
     finally:
         await backend.aclose()
@@ -370,7 +371,7 @@ async def test_a_missing_image_is_pulled_once_then_reported_with_the_way_to_load
 async def test_output_survives_a_process_that_exits_without_reading_its_input(podman_backend: Threaded) -> None:
     # Podman 4.3 loses the output of about half of these when the unread input is left behind.
     settings = engine_settings("podman")
-    ref = await podman_backend.create(SandboxSpec(settings.image_for("python"), settings.limits()))
+    ref = await podman_backend.create(SandboxSpec(run_image(settings, "python"), settings.limits()))
     for _ in range(20):
         result = await podman_backend.exec(
             ref, ["sh", "-c", "echo out; echo err >&2; exit 3"], timeout=30, stdin=b"unread" * 200
@@ -381,7 +382,7 @@ async def test_output_survives_a_process_that_exits_without_reading_its_input(po
 @pytest.mark.podman
 async def test_a_large_input_echoed_back_does_not_deadlock(podman_backend: Threaded) -> None:
     settings = engine_settings("podman")
-    ref = await podman_backend.create(SandboxSpec(settings.image_for("python"), settings.limits()))
+    ref = await podman_backend.create(SandboxSpec(run_image(settings, "python"), settings.limits()))
     data = bytes(range(256)) * 8192  # 2 MiB: more than the socket buffers on either side hold
     result = await podman_backend.exec(ref, ["cat"], timeout=60, stdin=data)
     assert (result.exit_code, result.timed_out, result.stdout == data) == (0, False, True)
@@ -392,7 +393,7 @@ async def test_a_sandbox_where_the_kill_cannot_run_is_removed_instead(
     podman_backend: Threaded, podman_url: str
 ) -> None:
     settings = engine_settings("podman")
-    ref = await podman_backend.create(SandboxSpec(settings.image_for("python"), settings.limits()))
+    ref = await podman_backend.create(SandboxSpec(run_image(settings, "python"), settings.limits()))
     # A paused sandbox refuses new processes, as one whose pids limit is exhausted may.
     with PodmanClient(base_url=podman_url) as client:
         client.api.post(f"/containers/{ref.id}/pause").raise_for_status()
@@ -416,7 +417,7 @@ def ours(client: PodmanClient) -> list[str]:
 async def test_sandboxes_are_labelled_hardened_and_removed_at_shutdown(client: PodmanClient, podman_url: str) -> None:
     settings = engine_settings("podman", podman_host=podman_url)
     backend = _podman.from_settings(settings)
-    ref = await backend.create(SandboxSpec(settings.image_for("python"), settings.limits()))
+    ref = await backend.create(SandboxSpec(run_image(settings, "python"), settings.limits()))
     attrs = client.containers.get(ref.id).attrs
     config, host = attrs["Config"], attrs["HostConfig"]
     assert config["Labels"][_owner.MANAGED] == "true" and config["Labels"][_owner.INSTANCE] == _owner.INSTANCE_ID
@@ -440,7 +441,7 @@ async def test_sandboxes_are_labelled_hardened_and_removed_at_shutdown(client: P
 async def test_sweep_removes_sandboxes_of_dead_servers_only(client: PodmanClient, podman_url: str) -> None:
     dead = {**_owner.owner_labels(), _owner.INSTANCE: "dead-server", _owner.PID: "999999999", _owner.STARTED: "1"}
     elsewhere = {**dead, _owner.INSTANCE: "other-host", _owner.HOST: "some-other-machine"}
-    image = engine_settings("podman").image_for("python")
+    image = run_image(engine_settings("podman"), "python")
     stale = client.containers.create(image, ["sleep", "infinity"], labels=dead, network_mode="none")
     foreign = client.containers.create(image, ["sleep", "infinity"], labels=elsewhere, network_mode="none")
     settings = engine_settings("podman", podman_host=podman_url)
@@ -465,7 +466,7 @@ async def test_the_seccomp_profile_is_written_again_when_its_volume_was_pruned(
     """The profile lives in a volume of the service that no container mounts, so `podman volume prune` removes
     it; the next sandbox writes it again instead of failing."""
     settings = engine_settings("podman")
-    spec = SandboxSpec(settings.image_for("python"), settings.limits())
+    spec = SandboxSpec(run_image(settings, "python"), settings.limits())
     await podman_backend.destroy(await podman_backend.create(spec))
     profiles = client.volumes.list(filters={"label": f"{_owner.KIND}=seccomp-profile"})
     assert profiles, "the profile's volume was not made"

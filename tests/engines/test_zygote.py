@@ -18,12 +18,12 @@ import pytest
 
 from llm_sandbox_mcp.backends import _bubblewrap, load_backend
 from llm_sandbox_mcp.backends._bubblewrap import BubblewrapBackend
-from llm_sandbox_mcp.backends._bubblewrap.host import state_root
+from llm_sandbox_mcp.backends._daemonless.host import state_root
 from llm_sandbox_mcp.languages import get_language
 from llm_sandbox_mcp.models import Execution, Limits, Live, SandboxSpec
 from llm_sandbox_mcp.run import zygote
 from llm_sandbox_mcp.run.executor import Executor
-from llm_sandbox_mcp.seccomp_bpf import FILTER
+from llm_sandbox_mcp.seccomp.bpf import FILTER
 from tests.engines import test_contract as contract
 from tests.engines.conftest import engine_settings, require
 from tests.engines.test_bubblewrap import MARKER, dead_owner, host_processes, until

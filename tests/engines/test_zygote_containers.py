@@ -17,11 +17,11 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from llm_sandbox_mcp import seccomp
 from llm_sandbox_mcp.backends import load_backend
 from llm_sandbox_mcp.models import Execution, Live, SandboxRef
 from llm_sandbox_mcp.run.executor import Cell, Executor, Lease, Program
 from llm_sandbox_mcp.run.forking import MASKED, READ_ONLY
+from llm_sandbox_mcp.seccomp import oci
 from tests.engines.conftest import engine_settings, require
 
 pytestmark = [pytest.mark.anyio]
@@ -240,7 +240,7 @@ async def test_a_template_whose_children_cannot_unshare_falls_back_to_the_pool(
 ) -> None:
     # The template container gets the strict profile (as under AppArmor's docker-default, which denies mount, or
     # a host without unprivileged user namespaces): its first child cannot make its sandbox.
-    monkeypatch.setattr(seccomp, "TEMPLATE_PROFILE_JSON", seccomp.PROFILE_JSON)
+    monkeypatch.setattr(oci, "TEMPLATE_PROFILE_JSON", oci.PROFILE_JSON)
     async with recorded(request, engine) as run:
         for _ in range(2):
             result = await run.executor.execute("import os\nprint(os.getppid() != 1)")

@@ -18,9 +18,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import anyio
 import pytest
 
-from llm_sandbox_mcp.egress import EgressListener, EgressPolicy, HostRule, open_listener
+from llm_sandbox_mcp.egress.policy import EgressPolicy
+from llm_sandbox_mcp.egress.proxy import EgressListener, open_listener
 from llm_sandbox_mcp.egress.relay import RELAY_PORT, Relay, proxy_env, relay_alive, start_relay
 from llm_sandbox_mcp.egress.tunnel import Tunnels
+from llm_sandbox_mcp.host_rules import HostRule
+from llm_sandbox_mcp.images import run_image
 from llm_sandbox_mcp.models import Limits, SandboxRef, SandboxSpec
 from tests.engines.conftest import RecordingBackend, engine_settings
 from tests.support.connects import recorded
@@ -168,7 +171,7 @@ async def egress_sandbox(
     ]
     listener = open_listener(EgressPolicy.of(rules, "SANDBOX_TEST_HOSTS"), "a hostile sandbox")
     settings = engine_settings(engine)
-    spec = SandboxSpec(settings.image_for("python"), replace(Limits(), network_mode="none"), egress=True)
+    spec = SandboxSpec(run_image(settings, "python"), replace(Limits(), network_mode="none"), egress=True)
     try:
         ref = await backend.create(spec)
         try:

@@ -16,6 +16,7 @@ from docker.errors import DockerException
 
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.egress.registries import DEFAULT_REGISTRY_COMMANDS, url_rules
+from llm_sandbox_mcp.images import run_image
 
 HOSTS = Path("/etc/hosts")
 # A private address (nothing on this machine answers there, and no route to it is ever tried: the proxy
@@ -42,7 +43,7 @@ def public_registry_hosts() -> tuple[str, ...]:
     hosts: set[str] = set()
     try:
         for language in _REMOTE_REGISTRIES:
-            image = Settings().image_for(language)
+            image = run_image(Settings(), language)
             command = ["sh", "-c", f"{DEFAULT_REGISTRY_COMMANDS[language]}; exit 0"]  # as the server: output only
             printed = client.containers.run(image, command, network_mode="none", remove=True, stdout=True)
             found = [rule.name for rule in url_rules(printed.decode(), explicit=True)]

@@ -27,7 +27,7 @@ from pathlib import Path, PurePosixPath
 import anyio
 from anyio.abc import Process
 
-from llm_sandbox_mcp.backends._bubblewrap.pipes import PipeProcess
+from llm_sandbox_mcp.backends._daemonless.pipes import PipeProcess
 from llm_sandbox_mcp.languages import runner_source
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, OutputListener, SandboxRef, SandboxSpec
 

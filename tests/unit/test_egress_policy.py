@@ -7,11 +7,12 @@ import ipaddress
 import pytest
 
 from llm_sandbox_mcp.config import Settings, load_settings
-from llm_sandbox_mcp.egress.policy import EgressPolicy, HostRule, Refusal, normalize_host, public
+from llm_sandbox_mcp.egress.policy import EgressPolicy, Refusal, public
 from llm_sandbox_mcp.egress.registries import configured_rules, gosumdb_rules, url_rules
 from llm_sandbox_mcp.egress.request import MAX_HEAD, BadRequest, parse_head
 from llm_sandbox_mcp.egress.upstream import bypassed
 from llm_sandbox_mcp.errors import ConfigError
+from llm_sandbox_mcp.host_rules import HostRule, normalize_host
 from llm_sandbox_mcp.run.libraries import egress_report
 
 LOOPBACK = ipaddress.ip_address("127.0.0.1")

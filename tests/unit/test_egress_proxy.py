@@ -13,8 +13,10 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 
-from llm_sandbox_mcp.egress import EgressListener, EgressPolicy, HostRule, open_listener
 from llm_sandbox_mcp.egress import proxy as proxy_module
+from llm_sandbox_mcp.egress.policy import EgressPolicy
+from llm_sandbox_mcp.egress.proxy import EgressListener, open_listener
+from llm_sandbox_mcp.host_rules import HostRule
 from tests.support.connects import recorded
 from tests.unit.test_egress_tls import client_hello
 

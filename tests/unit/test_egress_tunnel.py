@@ -15,8 +15,9 @@ import pytest
 from anyio.abc import SocketStream
 
 from llm_sandbox_mcp.backends._kubernetes.pod import NETWORK_LABEL, PodOptions, pod_manifest
-from llm_sandbox_mcp.egress import EgressPolicy, open_listener
 from llm_sandbox_mcp.egress import tunnel as tunnel_module
+from llm_sandbox_mcp.egress.policy import EgressPolicy
+from llm_sandbox_mcp.egress.proxy import open_listener
 from llm_sandbox_mcp.egress.tunnel import (
     CLOSE,
     DATA,

@@ -35,7 +35,8 @@ def test_every_language_has_a_project_image_built_from_its_configured_base(langu
     settings = Settings(**base)
     recipe = images.recipe(settings, language)
     assert recipe.base == "example.invalid/base:1"
-    assert settings.image_for(language) == recipe.tag and recipe.tag.startswith(images.REPOSITORY + language + ":")
+    assert images.run_image(settings, language) == recipe.tag
+    assert recipe.tag.startswith(images.REPOSITORY + language + ":")
     with tarfile.open(fileobj=io.BytesIO(recipe.context())) as tar:
         names = tar.getnames()
         dockerfile = tar.extractfile("Dockerfile")
@@ -79,7 +80,7 @@ def test_runs_use_sandbox_image_as_it_is_without_project_images_and_on_kubernete
 ) -> None:
     settings = Settings(sandbox_image_r="my/r:1", **overrides)
     assert images.derived(settings) is derived
-    assert (settings.image_for("r") == "my/r:1") is not derived
+    assert (images.run_image(settings, "r") == "my/r:1") is not derived
 
 
 def test_library_versions_come_only_from_names_on_the_list() -> None:

@@ -3,7 +3,7 @@ POSIX-only (or Windows-only) module, or call a POSIX-only function, unless a pla
 
 Which modules: every module of the package except
 - `runners/`: the code that runs inside the sandboxes (always Linux), never imported by the server;
-- `backends/_bubblewrap/`, `backends/_nsjail/` (and `backends/_host/` once it exists): the daemonless engines,
+- `backends/_bubblewrap/`, `backends/_nsjail/` and what they share, `backends/_daemonless/`: the daemonless engines,
   built from Linux namespaces, which `backends._backend_module` refuses off Linux before importing them.
 Everything else (the CLI, the MCP server, the run core, the container and Kubernetes engines, egress) can be
 imported or run on a Mac or a Windows laptop, so it is checked whole, imports inside functions included (they
@@ -26,7 +26,7 @@ from typing import cast
 import llm_sandbox_mcp
 
 PACKAGE = Path(llm_sandbox_mcp.__file__).parent
-EXCLUDED = ("runners", "backends/_bubblewrap", "backends/_nsjail", "backends/_host")
+EXCLUDED = ("runners", "backends/_bubblewrap", "backends/_nsjail", "backends/_daemonless")
 EXCLUDED_MODULES = tuple("llm_sandbox_mcp." + folder.replace("/", ".") for folder in EXCLUDED)
 
 # Modules that exist on one family of systems only.

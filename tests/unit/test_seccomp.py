@@ -7,18 +7,14 @@ import struct
 
 import pytest
 
-from llm_sandbox_mcp.seccomp_bpf import (
-    AUDIT_ARCH_AARCH64,
-    AUDIT_ARCH_X86_64,
-    DENIED,
+from llm_sandbox_mcp.seccomp.bpf import (
     FILTER,
     SECCOMP_RET_ALLOW,
     SECCOMP_RET_ERRNO,
     SECCOMP_RET_KILL_PROCESS,
-    SYSCALLS,
     TEMPLATE_FILTER,
-    TEMPLATE_PERMITS,
 )
+from llm_sandbox_mcp.seccomp.policy import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, DENIED, SYSCALLS, TEMPLATE_PERMITS
 
 AUDIT_ARCH_I386 = 0x40000003
 CLONE_NEWUSER = 0x10000000

@@ -12,24 +12,22 @@ from typing import Any
 
 import pytest
 
-from llm_sandbox_mcp import seccomp
 from llm_sandbox_mcp.backends._docker import security_options
 from llm_sandbox_mcp.backends._kubernetes.pod import PodOptions, pod_manifest
 from llm_sandbox_mcp.backends._podman.libpod import container_spec
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.models import Limits, SandboxSpec
-from llm_sandbox_mcp.seccomp import (
+from llm_sandbox_mcp.seccomp import oci
+from llm_sandbox_mcp.seccomp.bpf import FILTER, TEMPLATE_FILTER
+from llm_sandbox_mcp.seccomp.oci import PROFILE_JSON, oci_profile, personality_denials
+from llm_sandbox_mcp.seccomp.policy import (
     AUDIT_ARCH_AARCH64,
     AUDIT_ARCH_X86_64,
     DENIED,
     NAMESPACE_FLAGS,
     PERSONALITY_ALLOWED,
-    PROFILE_JSON,
     SYSCALLS,
-    oci_profile,
-    personality_denials,
 )
-from llm_sandbox_mcp.seccomp_bpf import FILTER, TEMPLATE_FILTER
 from tests.unit.test_seccomp import SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, run_filter
 
 ARCHES = [pytest.param(AUDIT_ARCH_X86_64, id="x86_64"), pytest.param(AUDIT_ARCH_AARCH64, id="aarch64")]
@@ -88,7 +86,7 @@ def test_the_json_profile_and_the_bubblewrap_filter_decide_alike(arch: int) -> N
 
 @pytest.mark.parametrize("arch", ARCHES)
 def test_a_template_containers_profile_lets_through_what_a_bubblewrap_template_may_and_no_more(arch: int) -> None:
-    template = seccomp.TEMPLATE_PROFILE_JSON
+    template = oci.TEMPLATE_PROFILE_JSON
     for name in SYSCALLS[arch]:
         for arg0 in ARGS:
             expected = bpf_decision(arch, name, arg0, TEMPLATE_FILTER)
@@ -165,7 +163,7 @@ def limits(*security_opt: str, privileged: bool = False) -> Limits:
 
 @pytest.fixture(autouse=True)
 def _warn_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(seccomp, "_warned", False)
+    monkeypatch.setattr(oci, "_warned", False)
 
 
 def test_docker_adds_the_profile_content_unless_the_operator_chose_one(
@@ -217,9 +215,9 @@ def test_a_kubernetes_profile_must_be_a_path_under_the_nodes_seccomp_directory(v
 
 def test_doctor_says_which_policy_is_in_force() -> None:
     opts = ("no-new-privileges:true",)
-    assert seccomp.in_force("docker", opts, False) == "seccomp: llm-sandbox-mcp policy"
-    assert "RuntimeDefault" in seccomp.in_force("kubernetes", opts, False)
-    assert "Localhost profile localhost/x.json" in seccomp.in_force("kubernetes", opts, False, "localhost/x.json")
-    assert "operator's" in seccomp.in_force("podman", (*opts, "seccomp=unconfined"), False)
-    assert "none" in seccomp.in_force("docker", opts, True)
-    assert "bubblewrap filter" in seccomp.in_force("bubblewrap", opts, False)
+    assert oci.in_force("docker", opts, False) == "seccomp: llm-sandbox-mcp policy"
+    assert "RuntimeDefault" in oci.in_force("kubernetes", opts, False)
+    assert "Localhost profile localhost/x.json" in oci.in_force("kubernetes", opts, False, "localhost/x.json")
+    assert "operator's" in oci.in_force("podman", (*opts, "seccomp=unconfined"), False)
+    assert "none" in oci.in_force("docker", opts, True)
+    assert "bubblewrap filter" in oci.in_force("bubblewrap", opts, False)

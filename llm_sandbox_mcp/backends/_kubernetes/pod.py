@@ -19,7 +19,7 @@ from llm_sandbox_mcp.backends import _owner
 from llm_sandbox_mcp.backends._container import CACHE_PREFIX, INIT
 from llm_sandbox_mcp.errors import ImageMissing, SandboxFailure
 from llm_sandbox_mcp.models import WORKDIR, Limits, SandboxSpec
-from llm_sandbox_mcp.seccomp import ours_applies
+from llm_sandbox_mcp.seccomp.oci import ours_applies
 
 Json = dict[str, Any]
 

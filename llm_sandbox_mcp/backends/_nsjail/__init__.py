@@ -1,9 +1,9 @@
-"""NsJail backend: bubblewrap's daemonless design (see `_bubblewrap`) with Google's nsjail making the namespaces.
+"""NsJail backend: the daemonless design (see `_daemonless`) with Google's nsjail making the namespaces.
 
 One holder nsjail per sandbox owns its namespaces and size-limited tmpfs /workspace and /tmp; each exec enters
 it with nsenter and runs a hardening `nsjail -Me` there (see `argv`). The cgroup per sandbox (pids, memory
-without swap, cpu; v1 or v2), the rlimits, the kill from outside and the sweep are the bubblewrap backend's,
-shared through `HostSandbox`; the seccomp policy is the project's one, rendered in Kafel (see `policy`).
+without swap, cpu; v1 or v2), the rlimits, the kill from outside and the sweep are shared with bubblewrap
+through `_daemonless.sandbox.HostSandbox`; the seccomp policy is the project's one, rendered in Kafel (see `policy`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import anyio
 import anyio.to_thread
 from anyio.abc import Process
 
-from llm_sandbox_mcp.backends._bubblewrap import HostInfo, HostSandbox, Sandbox, holder_error
-from llm_sandbox_mcp.backends._bubblewrap.argv import generated_files, host_env
-from llm_sandbox_mcp.backends._bubblewrap.host import HOST_PATH
+from llm_sandbox_mcp.backends._daemonless.argv import generated_files, host_env
+from llm_sandbox_mcp.backends._daemonless.host import HOST_PATH
+from llm_sandbox_mcp.backends._daemonless.sandbox import HostInfo, HostSandbox, Sandbox, holder_error
 from llm_sandbox_mcp.backends._nsjail.argv import SETPRIV, exec_argv, holder_argv, probe_argv
 from llm_sandbox_mcp.backends._nsjail.host import Nsjail, find_nsjail
 from llm_sandbox_mcp.backends._nsjail.policy import kafel_policy, native_arch, x32_enabled

@@ -1,6 +1,6 @@
 """Command lines for the NsJail backend: a sandbox's holder, and the per-exec nsjail inside it.
 
-The shape is bubblewrap's (see `_bubblewrap.argv`): a long-lived *holder* nsjail per sandbox owns its namespaces
+The shape is bubblewrap's (see `_daemonless.argv`): a long-lived *holder* nsjail per sandbox owns its namespaces
 (user, PID, mount, network, IPC, UTS, cgroup) and its size-limited tmpfs /workspace and /tmp, with an idle shell
 as PID 1. Every exec enters those namespaces with `nsenter` and runs `nsjail -Me` there, which adds a nested user
 namespace, a cgroup namespace, the seccomp policy (Kafel), no capabilities, no-new-privileges, a cleared
@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
-from llm_sandbox_mcp.backends._bubblewrap.argv import (
+from llm_sandbox_mcp.backends._daemonless.argv import (
     DEVICES,
     GATE,
     HOLDER_COMMAND,

@@ -11,7 +11,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from llm_sandbox_mcp.backends._bubblewrap.host import HOST_PATH
+from llm_sandbox_mcp.backends._daemonless.host import HOST_PATH
 from llm_sandbox_mcp.errors import BackendUnavailable
 
 # Where an nsjail that does not live under /usr is mounted in a sandbox's holder, for the per-exec nsjail.

@@ -12,7 +12,7 @@ import ctypes
 import errno
 import platform
 
-from llm_sandbox_mcp.seccomp import (
+from llm_sandbox_mcp.seccomp.policy import (
     AUDIT_ARCH_AARCH64,
     AUDIT_ARCH_X86_64,
     DENIED,

@@ -28,7 +28,6 @@ from typing import Any, cast
 from podman import PodmanClient
 from podman.errors.exceptions import APIError, ImageNotFound, NotFound
 
-from llm_sandbox_mcp import seccomp
 from llm_sandbox_mcp.backends import VANISHED_EXIT, ImageBuild, ImageInfo, _owner
 from llm_sandbox_mcp.backends._build import follow
 from llm_sandbox_mcp.backends._container import (
@@ -53,6 +52,7 @@ from llm_sandbox_mcp.models import (
     SandboxSpec,
     captures,
 )
+from llm_sandbox_mcp.seccomp import oci as seccomp
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from llm_sandbox_mcp.backends._container import CACHE_PREFIX, INIT, oom_score_adj, rlimits
 from llm_sandbox_mcp.models import WORKDIR, SandboxSpec
-from llm_sandbox_mcp.seccomp import ours_applies
+from llm_sandbox_mcp.seccomp.oci import ours_applies
 
 _CPU_PERIOD = 100_000
 _MAX_HEAD = 64 * 1024

@@ -1,4 +1,4 @@
-"""The project's syscall policy (`llm_sandbox_mcp.seccomp`) as a classic-BPF filter, built here with no native
+"""The project's syscall policy (`seccomp.policy`) as a classic-BPF filter, built here with no native
 dependency: what bubblewrap loads with `--seccomp FD`, and what a zygote child installs on every engine (so it
 lives outside the Linux-only engines' folders).
 
@@ -12,7 +12,7 @@ import errno
 import struct
 from collections.abc import Mapping
 
-from llm_sandbox_mcp.seccomp import (
+from llm_sandbox_mcp.seccomp.policy import (
     AUDIT_ARCH_AARCH64,
     AUDIT_ARCH_X86_64,
     DENIED,
@@ -24,17 +24,6 @@ from llm_sandbox_mcp.seccomp import (
     SYSCALLS,
     TEMPLATE_PERMITS,
 )
-
-__all__ = [
-    "AUDIT_ARCH_AARCH64",
-    "AUDIT_ARCH_X86_64",
-    "DENIED",
-    "FILTER",
-    "SYSCALLS",
-    "TEMPLATE_FILTER",
-    "TEMPLATE_PERMITS",
-    "build_filter",
-]
 
 # struct seccomp_data: int nr; u32 arch; u64 instruction_pointer; u64 args[6] (little-endian on both arches).
 _NR, _ARCH, _ARG0_LOW, _ARG0_HIGH = 0, 4, 16, 20
