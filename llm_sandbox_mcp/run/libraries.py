@@ -269,7 +269,7 @@ class LibraryCache:
         try:
             # Cancelled (the caller left): the installer is killed at once, and its half-written store dropped.
             await stop_on_cancel(self.backend, ref, lambda: self._install(ref, lang, specs, listener))
-            size = await self._size(ref)
+            size = await self._final_size(ref)
             limit = self.settings.sandbox_cache_max_size
             if size > limit:
                 raise InstallFailed(
@@ -308,8 +308,24 @@ class LibraryCache:
             tasks.cancel_scope.cancel()
         return None if outgrown else result
 
+    async def _final_size(self, ref: SandboxRef) -> int:
+        """Bytes in the store once the install is over, measured so that nothing of the packages' own code can
+        make it look smaller: every process of the installer is killed first (none can stop `du` or write into
+        its output), the store's modes are made normal (a directory its writer made unreadable hid what it
+        holds, and could not be removed), and a measurement that fails counts as too big."""
+        await self.backend.kill_all(ref)
+        store = str(LIBS_DIR)
+        # What is in the store, not the store itself (on Kubernetes a claim's root belongs to root).
+        normal = ["find", store, "-mindepth", "1", "-maxdepth", "1", "-exec", "chmod", "-R", "u+rwX", "{}", "+"]
+        opened = await self.backend.exec(ref, normal, timeout=120, output_limit=4096)
+        measured = await self.backend.exec(ref, ["du", "-sk", store], timeout=120, output_limit=4096)
+        first = measured.stdout.split(maxsplit=1)[0] if measured.stdout.strip() else b""
+        if opened.exit_code != 0 or measured.exit_code != 0 or measured.timed_out or not first.isdigit():
+            return self.settings.sandbox_cache_max_size + 1
+        return int(first) * 1024
+
     async def _size(self, ref: SandboxRef) -> int:
-        """Bytes in the store, as the installer sandbox measures them (the same way on every engine)."""
+        """Bytes in the store while the installer runs (to stop it early; `_final_size` decides)."""
         result = await self.backend.exec(ref, ["du", "-sk", str(LIBS_DIR)], timeout=120, output_limit=4096)
         first = result.stdout.split(maxsplit=1)[0] if result.stdout.strip() else b""
         return int(first) * 1024 if first.isdigit() else 0

@@ -184,6 +184,30 @@ async def test_an_endless_output_flood_is_stopped_at_the_read_budget_not_at_the_
     await still_answers(executor)
 
 
+# A package whose install script writes 40 MiB into the store under a directory it then makes unreadable, and
+# ends: measured as its own user while it could still read, only the rest counted.
+_STORE_HIDER = (
+    "node -e \"const fs = require('fs'); fs.mkdirSync('hidden'); for (let i = 0; i < 40; i++)"
+    " fs.writeFileSync('hidden/' + i, Buffer.alloc(1 << 20, 1)); fs.chmodSync('hidden', 0)\""
+)
+
+
+async def test_a_library_that_hides_its_store_from_the_measure_is_still_measured(
+    backend: RecordingBackend, engine: str
+) -> None:
+    name, address = loopback_name()
+    with (
+        tempfile.TemporaryDirectory(prefix="llm-sandbox-store-hider-") as tmp,
+        serve(Path(tmp), address, name) as url,
+    ):
+        package = npm_registry(Path(tmp), str(secrets.randbelow(10**9)), url, postinstall=_STORE_HIDER)
+        settings = engine_settings(engine, sandbox_npm_registry=url, sandbox_cache_max_size=16 * 1024**2)
+        async with Executor(settings, backend) as executor:
+            with anyio.fail_after(120), pytest.raises(InstallFailed, match="above the limit of 16 MiB"):
+                await executor.execute(package.code, "javascript", [package.spec])
+            await still_answers(executor)
+
+
 # A package whose install script writes 64 MiB into the store, then never ends.
 _STORE_FILLER = (
     "node -e \"const fs = require('fs'); for (let i = 0; i < 64; i++) fs.appendFileSync('fill', Buffer.alloc(1 << 20));"

@@ -171,6 +171,8 @@ class FakeBackend:
                 await self._ended.wait()
             return ExecResult(137, b"", b"", timed_out=False)
         result = self.handler(call)
+        if argv[0] == "du" and not result.stdout.strip():  # a handler that says nothing of it: an empty store
+            result = ok(f"0\t{argv[-1]}\n".encode())
         if on_output is not None:  # as a real engine streams it
             on_output("stdout", result.stdout)
             on_output("stderr", result.stderr)

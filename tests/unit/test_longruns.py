@@ -273,6 +273,7 @@ def test_live_output_keeps_offsets_across_streams_and_says_what_it_dropped() -> 
 async def test_creating_a_session_reports_its_install_as_progress(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("llm_sandbox_mcp.run.jobs.PROGRESS_EVERY", 0.01)
     gate = anyio.Event()
+
     backend = FakeBackend(gate=gate, handler=lambda call: ok(exit_code=1) if call.argv[0] == "test" else ok())
     messages: list[str] = []
 
