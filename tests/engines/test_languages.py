@@ -287,7 +287,10 @@ MISSING = {
 }
 
 
+# How each engine reaches each registry is proven by the install above, on every engine: what is left here is the
+# installer's own message, which comes from the runtime.
 @pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("engine", RUNTIME_SOURCES)
 async def test_a_library_that_does_not_exist_is_an_install_error_with_the_installers_message(
     lang_executor: Executor, case: Case
 ) -> None:
