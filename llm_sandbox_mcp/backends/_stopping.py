@@ -1,9 +1,10 @@
 """Killing what runs in a sandbox while its output is still being read.
 
-Where an engine passes a process's output on without buffering it (Podman's conmon; the pods/exec stream of a
-cluster), a process killed while nobody reads that output is not gone: it lingers (a zombie, an exec whose status
-never comes) until its output has been taken. A kill that waited for its proof while the output went unread then
-waited out its whole bound (`_container.KILL_SECONDS`, 30 s) and removed the sandbox instead.
+Where an engine passes a process's output on without buffering it, a process killed while nobody reads that
+output is not gone: on Podman it stays a zombie until conmon has passed its last output on; on Kubernetes (seen
+against the API double, whose exec streams are backed by Docker's) the exec that asks PID 1 to kill got no status
+while another stream of the pod went unread. A kill that waited for its proof with the output unread then waited
+out its whole bound (`_container.KILL_SECONDS`, 30 s) and removed the sandbox instead.
 
 So a run's own stream loop kills from a thread of its own and reads on meanwhile (`Stopping`), and a backend kills
 a sandbox while reading on every process it started there (`draining`).
