@@ -140,10 +140,11 @@ CASES = [
     ),
 ]
 IDS = [case.language for case in CASES]
-# Where what a language does by itself (its output, exit codes, Unicode, compile errors, modules, the documented
-# examples) is proven: once per place its runtime comes from. Docker's images (which the Kubernetes double runs its
-# pods on as well), Podman's own builds of them, and the host's runtimes (bubblewrap's, which NsJail runs too).
-# What each engine adds (it runs the runtime at all, kills at the timeout, installs through its proxy) runs on all.
+# Where what a language does by itself (its output, exit codes, Unicode, compile errors, modules, plots, the
+# documented examples, each runtime's own quirks below) is proven: once per place its runtime comes from. Docker's
+# images (which the Kubernetes double runs its pods on as well), Podman's own builds of them, and the host's
+# runtimes (bubblewrap's, which NsJail runs too). What each engine adds (it runs the runtime at all, kills at the
+# timeout, installs through its proxy, brings files back) runs on all, here and in test_contract.
 RUNTIME_SOURCES = [
     pytest.param(name, marks=getattr(pytest.mark, name), id=name) for name in ("docker", "podman", "bubblewrap")
 ]
@@ -313,6 +314,7 @@ PLOTS = {
 
 
 @pytest.mark.parametrize("language", list(PLOTS))
+@pytest.mark.parametrize("engine", RUNTIME_SOURCES)
 async def test_every_plot_comes_back_as_a_png_with_no_setup_text(lang_executor: Executor, language: str) -> None:
     code, names = PLOTS[language]
     result = await lang_executor.execute(code, language, timeout=60)
@@ -340,6 +342,7 @@ async def test_every_example_in_the_language_details_runs(lang_executor: Executo
 # What programmers of one language expect beyond the table.
 
 
+@pytest.mark.parametrize("engine", RUNTIME_SOURCES)
 async def test_java_runs_whatever_the_class_names_packages_and_number_of_public_classes(
     lang_executor: Executor,
 ) -> None:
@@ -371,12 +374,14 @@ async def test_javascript_runs_commonjs_and_es_modules(lang_executor: Executor, 
     assert (result.exit_code, result.stdout) == (0, expected), result.stderr
 
 
+@pytest.mark.parametrize("engine", RUNTIME_SOURCES)
 async def test_go_builds_against_the_prebuilt_standard_library_cache(lang_executor: Executor) -> None:
     code = 'package main\n\nimport (\n\t"fmt"\n\t"os"\n)\n\nfunc main() {\n\tfmt.Println(os.Getenv("GOCACHE"))\n}\n'
     result = await lang_executor.execute(code, "go", timeout=120)
     assert (result.exit_code, result.stdout) == (0, "/opt/llm-sandbox/libs/go/cache\n"), result.stderr
 
 
+@pytest.mark.parametrize("engine", RUNTIME_SOURCES)
 async def test_cpp_warnings_are_visible_when_the_program_compiles(lang_executor: Executor) -> None:
     code = '#include <cstdio>\n\nint main() {\n    int unused = 1;\n    std::puts("ok");\n}\n'
     result = await lang_executor.execute(code, "cpp", timeout=60)
