@@ -19,6 +19,7 @@ from typing import Protocol
 
 import anyio.to_thread
 
+from llm_sandbox_mcp.backends._stopping import HELD, POLL_SECONDS, Stopping
 from llm_sandbox_mcp.errors import SandboxFailure
 from llm_sandbox_mcp.models import HeadTail
 
@@ -203,7 +204,8 @@ def pump(
     on_timeout: Callable[[], None],
     stdin: bytes | None = None,
 ) -> bool:
-    """Read frames into `out`/`err` until the stream ends; call `on_timeout` once at the deadline.
+    """Read frames into `out`/`err` until the stream ends; call `on_timeout` once at the deadline, in a thread of
+    its own while reading on (see `_stopping`); it has returned by the time this does.
 
     With `stdin`, also write it as the process takes it, then end its input: a process that writes before it has
     read all its input cannot then block against us (Podman, unlike Docker, does not buffer its output).
@@ -213,19 +215,24 @@ def pump(
     source = _SelectedSocket(stream, stdin) if isinstance(stream, socket.socket) else _ReadPipe(stream, stdin)
     reader = FrameReader()
     sinks = {1: out, 2: err}
-    timed_out = False
+    stopping: Stopping | None = None
     hard_stop = float("inf")
     try:
         while True:
             now = time.monotonic()
-            if not timed_out and now >= deadline:
-                timed_out = True
+            if stopping is None and now >= deadline:
                 source.stop_input()
-                on_timeout()
-                hard_stop = time.monotonic() + _DRAIN_SECONDS
+                stopping = Stopping(on_timeout)  # read on meanwhile: see _stopping
+            if stopping is not None and hard_stop == float("inf") and stopping.done:
+                hard_stop = now + _DRAIN_SECONDS
             if now >= hard_stop:
                 break
-            wait = (deadline if not timed_out else hard_stop) - now
+            if stopping is None:
+                wait = deadline - now
+            elif stopping.done:
+                wait = hard_stop - now
+            else:
+                wait = POLL_SECONDS
             chunk = source.next_chunk(max(0.0, min(wait, 1.0)))
             if chunk is None:
                 continue
@@ -233,17 +240,24 @@ def pump(
                 break
             for kind, payload in reader.feed(chunk):
                 sink = sinks.get(kind)
-                if sink is not None:
-                    sink.feed(payload)
-                    if sink.flooded:
-                        deadline = min(deadline, now)  # stopped like at its deadline, without reading more
+                if sink is None or sink.flooded:  # past its read budget, read only to be dropped
+                    continue
+                sink.feed(payload)
+                if sink.flooded:
+                    deadline = min(deadline, now)  # stopped like at its deadline
     finally:
         source.done()
-    return timed_out
+        if stopping is not None:
+            stopping.wait()
+    return stopping is not None
 
 
 class SocketProcess:
-    """A process behind a multiplexed exec stream, as a SandboxProcess. Blocking IO runs in worker threads."""
+    """A process behind a multiplexed exec stream, as a SandboxProcess. Blocking IO runs in worker threads.
+
+    While its sandbox is being killed, its output is read on (`draining`) even though nobody asks for it: where the
+    engine does not buffer output (Podman) a killed process is only gone once its output has been taken.
+    """
 
     def __init__(self, stream: ExecStream, closer: Callable[[], object]) -> None:
         self._stream = stream
@@ -251,6 +265,9 @@ class SocketProcess:
         self._pipe = None if isinstance(stream, socket.socket) else PipeReader(stream)
         self._reader = FrameReader()
         self._stderr_tail = bytearray()
+        # Output read while the sandbox was being killed, for the next `receive` (what passes HELD is dropped).
+        self._held = bytearray()
+        self._reading = threading.Lock()  # one reader at a time: `receive` or a drain
         self._closed = False
 
     async def send(self, data: bytes) -> None:
@@ -260,22 +277,52 @@ class SocketProcess:
             raise SandboxFailure(f"The sandbox process is gone ({exc})") from exc
 
     async def receive(self, timeout: float) -> bytes | None:
+        return await anyio.to_thread.run_sync(self._next, timeout)
+
+    def _next(self, timeout: float) -> bytes | None:
+        """The next stdout bytes; b"" at the end; None when none came within `timeout`."""
         deadline = time.monotonic() + timeout
-        while True:
-            chunk = await anyio.to_thread.run_sync(self._recv, max(0.0, deadline - time.monotonic()))
-            if chunk is None:
-                return None
-            if not chunk:
-                return b""
-            out = bytearray()
-            for stream, payload in self._reader.feed(chunk):
-                if stream == 1:
-                    out += payload
-                elif stream == 2:
-                    self._stderr_tail += payload
-                    del self._stderr_tail[:-_STDERR_TAIL]
-            if out:
-                return bytes(out)
+        if not self._reading.acquire(timeout=max(0.0, timeout)):
+            return None
+        try:
+            if self._held:
+                held = bytes(self._held)
+                self._held.clear()
+                return held
+            while True:
+                chunk = self._recv(max(0.0, deadline - time.monotonic()))
+                if chunk is None:
+                    return None
+                if not chunk:
+                    return b""
+                out = self._take(chunk)
+                if out:
+                    return out
+        finally:
+            self._reading.release()
+
+    def drain(self, until: threading.Event) -> None:
+        """Read on (keeping what fits in HELD for `receive`) until `until` is set or the stream ends."""
+        while not until.is_set():
+            with self._reading:
+                chunk = self._recv(POLL_SECONDS)
+                if chunk is None:
+                    continue
+                if not chunk:
+                    return
+                out = self._take(chunk)
+                self._held += out[: max(0, HELD - len(self._held))]
+
+    def _take(self, chunk: bytes) -> bytes:
+        """The stdout in `chunk`'s frames; its stderr goes to the tail."""
+        out = bytearray()
+        for stream, payload in self._reader.feed(chunk):
+            if stream == 1:
+                out += payload
+            elif stream == 2:
+                self._stderr_tail += payload
+                del self._stderr_tail[:-_STDERR_TAIL]
+        return bytes(out)
 
     def _recv(self, timeout: float) -> bytes | None:
         if self._closed:

@@ -140,6 +140,14 @@ CASES = [
     ),
 ]
 IDS = [case.language for case in CASES]
+# Where what a language does by itself (its output, exit codes, Unicode, compile errors, modules, plots, the
+# documented examples, each runtime's own quirks below) is proven: once per place its runtime comes from. Docker's
+# images (which the Kubernetes double runs its pods on as well), Podman's own builds of them, and the host's
+# runtimes (bubblewrap's, which NsJail runs too). What each engine adds (it runs the runtime at all, kills at the
+# timeout, installs through its proxy, brings files back) runs on all, here and in test_contract.
+RUNTIME_SOURCES = [
+    pytest.param(name, marks=getattr(pytest.mark, name), id=name) for name in ("docker", "podman", "bubblewrap")
+]
 
 
 def test_the_table_covers_every_language() -> None:
@@ -225,6 +233,7 @@ async def test_hello_world(lang_executor: Executor, case: Case) -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("engine", RUNTIME_SOURCES)
 async def test_stdout_stderr_and_a_non_zero_exit_come_back(lang_executor: Executor, case: Case) -> None:
     result = await run(lang_executor, case, case.fails, timeout=60)
     assert result.exit_code == 3, result.stderr
@@ -234,12 +243,14 @@ async def test_stdout_stderr_and_a_non_zero_exit_come_back(lang_executor: Execut
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("engine", RUNTIME_SOURCES)
 async def test_unicode_in_and_out(lang_executor: Executor, case: Case) -> None:
     result = await run(lang_executor, case, case.unicode, timeout=60)
     assert result.stdout == f"{TEXT}\n", result.stderr
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("engine", RUNTIME_SOURCES)
 async def test_code_that_does_not_compile_fails_in_the_right_phase(lang_executor: Executor, case: Case) -> None:
     result = await run(lang_executor, case, case.broken, timeout=60)
     assert result.exit_code != 0
@@ -277,7 +288,10 @@ MISSING = {
 }
 
 
+# How each engine reaches each registry is proven by the install above, on every engine: what is left here is the
+# installer's own message, which comes from the runtime.
 @pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("engine", RUNTIME_SOURCES)
 async def test_a_library_that_does_not_exist_is_an_install_error_with_the_installers_message(
     lang_executor: Executor, case: Case
 ) -> None:
@@ -300,6 +314,7 @@ PLOTS = {
 
 
 @pytest.mark.parametrize("language", list(PLOTS))
+@pytest.mark.parametrize("engine", RUNTIME_SOURCES)
 async def test_every_plot_comes_back_as_a_png_with_no_setup_text(lang_executor: Executor, language: str) -> None:
     code, names = PLOTS[language]
     result = await lang_executor.execute(code, language, timeout=60)
@@ -317,6 +332,7 @@ EXAMPLES = [
 
 
 @pytest.mark.parametrize(("language", "index"), EXAMPLES)
+@pytest.mark.parametrize("engine", RUNTIME_SOURCES)
 async def test_every_example_in_the_language_details_runs(lang_executor: Executor, language: str, index: int) -> None:
     result = await lang_executor.execute(get_language(language).examples[index], language, timeout=120)
     assert result.exit_code == 0, result.stderr
@@ -326,6 +342,7 @@ async def test_every_example_in_the_language_details_runs(lang_executor: Executo
 # What programmers of one language expect beyond the table.
 
 
+@pytest.mark.parametrize("engine", RUNTIME_SOURCES)
 async def test_java_runs_whatever_the_class_names_packages_and_number_of_public_classes(
     lang_executor: Executor,
 ) -> None:
@@ -351,17 +368,20 @@ async def test_java_runs_whatever_the_class_names_packages_and_number_of_public_
     ],
     ids=["commonjs", "module", "top-level-await", "await-inside-a-function-is-commonjs"],
 )
+@pytest.mark.parametrize("engine", RUNTIME_SOURCES)
 async def test_javascript_runs_commonjs_and_es_modules(lang_executor: Executor, code: str, expected: str) -> None:
     result = await lang_executor.execute(code, "javascript", timeout=60)
     assert (result.exit_code, result.stdout) == (0, expected), result.stderr
 
 
+@pytest.mark.parametrize("engine", RUNTIME_SOURCES)
 async def test_go_builds_against_the_prebuilt_standard_library_cache(lang_executor: Executor) -> None:
     code = 'package main\n\nimport (\n\t"fmt"\n\t"os"\n)\n\nfunc main() {\n\tfmt.Println(os.Getenv("GOCACHE"))\n}\n'
     result = await lang_executor.execute(code, "go", timeout=120)
     assert (result.exit_code, result.stdout) == (0, "/opt/llm-sandbox/libs/go/cache\n"), result.stderr
 
 
+@pytest.mark.parametrize("engine", RUNTIME_SOURCES)
 async def test_cpp_warnings_are_visible_when_the_program_compiles(lang_executor: Executor) -> None:
     code = '#include <cstdio>\n\nint main() {\n    int unused = 1;\n    std::puts("ok");\n}\n'
     result = await lang_executor.execute(code, "cpp", timeout=60)

@@ -124,14 +124,17 @@ async def test_a_process_that_never_reads_its_input_is_stopped_at_its_deadline(
     assert (quick.exit_code, quick.stdout, quick.timed_out) == (0, b"done\n", False)
 
 
-async def test_an_output_flood_is_capped_head_and_tail(backend: RecordingBackend, sandbox: SandboxRef) -> None:
+async def test_an_output_flood_is_capped_head_and_tail_and_stopped_past_its_budget(
+    backend: RecordingBackend, sandbox: SandboxRef
+) -> None:
     script = "echo HEAD; head -c 3000000 /dev/zero | tr '\\0' x; echo; echo TAIL"
     capped = await backend.exec(sandbox, ["sh", "-c", script], timeout=60, output_limit=1000)
     assert capped.exit_code == 0 and capped.truncated and not capped.timed_out
     assert capped.stdout.startswith(b"HEAD\nxxx") and capped.stdout.endswith(b"xxx\nTAIL\n")
     assert b" bytes truncated ...]" in capped.stdout
-    # Past its read budget a run is stopped by the same loop (tests/hostile/test_bombs_and_escapes.py); `yes` here
-    # would cost 35 s on Podman, whose kill of a process blocked writing its output takes that long on either path.
+    flood = await backend.exec(sandbox, ["sh", "-c", "echo HEAD; exec yes"], timeout=120, output_limit=1000)
+    assert flood.truncated and not flood.timed_out
+    assert flood.stdout.startswith(b"HEAD\ny\n") and b"it was stopped]" in flood.stdout
 
 
 async def test_a_started_process_streams_both_ways_and_ends(backend: RecordingBackend, sandbox: SandboxRef) -> None:

@@ -3,6 +3,7 @@ the server answers the next call."""
 
 from __future__ import annotations
 
+import logging
 import secrets
 import tempfile
 import textwrap
@@ -172,15 +173,21 @@ async def test_links_in_the_outputs_never_bring_back_files_from_outside(executor
     ids=["python-stdout", "python-stderr-raw", "ruby-stdout"],
 )
 async def test_an_endless_output_flood_is_stopped_at_the_read_budget_not_at_the_timeout(
-    executor: Executor, language: str, code: str
+    executor: Executor, language: str, code: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """However long its timeout, a run that writes without end makes the server read a bounded number of bytes."""
+    """However long its timeout, a run that writes without end makes the server read a bounded number of bytes.
+
+    And its processes are killed as any others are, proven gone: not left to the sandbox's removal after the
+    kill's whole bound, as on Podman and Kubernetes while the kill waited with their output unread."""
+    caplog.set_level(logging.WARNING, logger="llm_sandbox_mcp.backends")
     result = await executor.execute(code, language, timeout=240)
     assert not result.timed_out, result.stderr[-500:]
     assert result.exit_code != 0 and result.truncated
     flooded = result.stderr if "os.write(2" in code else result.stdout
     assert "bytes here; it was stopped]" in flooded[-200:], flooded[-300:]
     assert len(result.stdout) + len(result.stderr) < 4 * executor.settings.sandbox_output_limit
+    unproven = [r.getMessage() for r in caplog.records if r.name.startswith("llm_sandbox_mcp.backends")]
+    assert unproven == [], unproven
     await still_answers(executor)
 
 

@@ -11,6 +11,7 @@ import secrets
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -37,6 +38,7 @@ from llm_sandbox_mcp.backends._kubernetes.pod import (
     security_context,
     started,
 )
+from llm_sandbox_mcp.backends._stopping import draining
 from llm_sandbox_mcp.backends._threaded import Threaded
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, SandboxFailure
@@ -89,6 +91,8 @@ class KubernetesEngine:
         self._connect_lock = threading.Lock()
         self._policy_lock = threading.Lock()
         self._policy_ensured = False
+        # Pod name -> the processes `start` began in it, while they are in use.
+        self._started: dict[str, weakref.WeakSet[WebSocketProcess]] = {}
 
     def _connection(self) -> Cluster:
         with self._connect_lock:
@@ -266,7 +270,9 @@ class KubernetesEngine:
 
     def start(self, ref: SandboxRef, argv: list[str], env: dict[str, str], workdir: PurePosixPath) -> WebSocketProcess:
         command = wrap(argv, env, workdir, ref.spec.limits.nofile)
-        return WebSocketProcess(self._open_exec(ref.id, command, stdin=True))
+        process = WebSocketProcess(self._open_exec(ref.id, command, stdin=True))
+        self._started.setdefault(ref.id, weakref.WeakSet()).add(process)
+        return process
 
     def _kill_all(self, name: str) -> None:
         """Every process but PID 1 killed by PID 1 (see `_container.INIT`), asked by a process that dies of it:
@@ -280,7 +286,9 @@ class KubernetesEngine:
             return
         try:
             sink = HeadTail(4096)
-            status, _ = pump(exec_stream, None, sink, sink, time.monotonic() + KILL_SECONDS, lambda: None)
+            # The started processes' output is read on meanwhile, or their kill may not end (see `_stopping`).
+            with draining(list(self._started.get(name, ()))):
+                status, _ = pump(exec_stream, None, sink, sink, time.monotonic() + KILL_SECONDS, lambda: None)
         finally:
             exec_stream.close()
         try:
@@ -297,6 +305,7 @@ class KubernetesEngine:
         self._kill_all(ref.id)
 
     def remove(self, name: str) -> None:
+        self._started.pop(name, None)
         try:
             self._call("core", "delete_namespaced_pod", name, self.namespace, grace_period_seconds=0)
         except ApiFailure as exc:

@@ -22,6 +22,7 @@ from typing import Any, cast
 import anyio.to_thread
 from websocket import ABNF, WebSocket, WebSocketException
 
+from llm_sandbox_mcp.backends._stopping import HELD, POLL_SECONDS, Stopping
 from llm_sandbox_mcp.errors import SandboxFailure
 from llm_sandbox_mcp.models import HeadTail
 
@@ -186,7 +187,8 @@ def pump(
     on_timeout: Callable[[], None],
 ) -> tuple[bytes, bool]:
     """Feed stdin (from a helper thread, so a process that writes before it reads cannot deadlock us), read
-    stdout/stderr into `out`/`err` until the stream ends, call `on_timeout` once at the deadline.
+    stdout/stderr into `out`/`err` until the stream ends, call `on_timeout` once at the deadline, in a thread of its
+    own while reading on (see `_stopping`); it has returned by the time this does.
 
     Returns the status frame and whether the deadline passed.
     """
@@ -196,18 +198,24 @@ def pump(
         writer.start()
     sinks = {STDOUT: out, STDERR: err}
     status = bytearray()
-    timed_out = False
+    stopping: Stopping | None = None
     hard_stop = float("inf")
     try:
         while True:
             now = time.monotonic()
-            if not timed_out and now >= deadline:
-                timed_out = True
-                on_timeout()
-                hard_stop = time.monotonic() + _DRAIN_SECONDS
+            if stopping is None and now >= deadline:
+                stopping = Stopping(on_timeout)  # read on meanwhile: see _stopping
+            if stopping is not None and hard_stop == float("inf") and stopping.done:
+                hard_stop = now + _DRAIN_SECONDS
             if now >= hard_stop:
                 break
-            frame = stream.read(max(0.0, min((hard_stop if timed_out else deadline) - now, 1.0)))
+            if stopping is None:
+                wait = deadline - now
+            elif stopping.done:
+                wait = hard_stop - now
+            else:
+                wait = POLL_SECONDS
+            frame = stream.read(max(0.0, min(wait, 1.0)))
             if frame is None:
                 continue
             channel, payload = frame
@@ -215,15 +223,17 @@ def pump(
                 break
             if channel == STATUS:
                 status += payload
-            elif channel in sinks:
+            elif channel in sinks and not sinks[channel].flooded:  # past its read budget, read only to be dropped
                 sinks[channel].feed(payload)
                 if sinks[channel].flooded:
-                    deadline = min(deadline, now)  # stopped like at its deadline, without reading more
+                    deadline = min(deadline, now)  # stopped like at its deadline
     finally:
+        if stopping is not None:
+            stopping.wait()
         if writer is not None and writer.is_alive():
             stream.abort()
             writer.join()
-    return bytes(status), timed_out
+    return bytes(status), stopping is not None
 
 
 class WebSocketProcess:
@@ -260,14 +270,24 @@ class WebSocketProcess:
             frame = self._stream.read(max(0.0, deadline - time.monotonic()))
             if frame is None:
                 return
-            channel, payload = frame
-            if channel == END:
-                self._ended = True
-            elif channel == STDOUT:
-                self._stdout += payload
-            elif channel == STDERR:
-                self._stderr_tail += payload
-                del self._stderr_tail[:-_STDERR_TAIL]
+            self._keep(frame, None)
+
+    def drain(self, until: threading.Event) -> None:
+        """Read on (keeping what fits in HELD for `receive`) until `until` is set or the stream ends."""
+        while not until.is_set() and not self._ended:
+            frame = self._stream.read(POLL_SECONDS)
+            if frame is not None:
+                self._keep(frame, HELD)
+
+    def _keep(self, frame: Frame, limit: int | None) -> None:
+        channel, payload = frame
+        if channel == END:
+            self._ended = True
+        elif channel == STDOUT:
+            self._stdout += payload if limit is None else payload[: max(0, limit - len(self._stdout))]
+        elif channel == STDERR:
+            self._stderr_tail += payload
+            del self._stderr_tail[:-_STDERR_TAIL]
 
     def stderr_tail(self) -> bytes:
         return bytes(self._stderr_tail)

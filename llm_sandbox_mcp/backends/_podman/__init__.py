@@ -21,6 +21,7 @@ import sys
 import tarfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, cast
@@ -39,6 +40,7 @@ from llm_sandbox_mcp.backends._container import (
 )
 from llm_sandbox_mcp.backends._podman.libpod import ExecStartError, container_spec, exec_body, start_exec
 from llm_sandbox_mcp.backends._podman.service import LIMITS_HINT, Candidate, Engine, candidates, connect, detail, find
+from llm_sandbox_mcp.backends._stopping import draining
 from llm_sandbox_mcp.backends._stream import SocketProcess, pump
 from llm_sandbox_mcp.backends._threaded import ThreadedBuilder
 from llm_sandbox_mcp.config import Settings
@@ -94,6 +96,8 @@ class PodmanEngine:
         # Profile content digest -> its path on the Podman host; written once per server.
         self._profiles: dict[str, str] = {}
         self._profile_lock = threading.Lock()
+        # Sandbox id -> the processes `start` began in it, while they are in use.
+        self._started: dict[str, weakref.WeakSet[SocketProcess]] = {}
 
     def _seccomp_profile(self, image: str, forks: bool) -> str:
         """The path, on the Podman host, of the project's seccomp profile (its zygote template variant for
@@ -341,7 +345,9 @@ class PodmanEngine:
     def start(self, ref: SandboxRef, argv: list[str], env: dict[str, str], workdir: PurePosixPath) -> SocketProcess:
         _, sock = self._open_exec(ref.id, argv, _user(ref), env, workdir)
         sock.settimeout(None)
-        return SocketProcess(sock, lambda: None)
+        process = SocketProcess(sock, lambda: None)
+        self._started.setdefault(ref.id, weakref.WeakSet()).add(process)
+        return process
 
     def _kill_all(self, container_id: str) -> None:
         """Every process but PID 1 killed from outside (see `_container.INIT`); failing that, the sandbox removed."""
@@ -350,7 +356,13 @@ class PodmanEngine:
             inspected = api.get(f"/containers/{container_id}/json")
             inspected.raise_for_status()
             engine_pid = int(inspected.json()["State"]["Pid"])
-            settled = kill_from_outside(lambda: self._signal(container_id), lambda: self._top(container_id), engine_pid)
+            # A killed process is gone only once Podman has passed on its output: the started ones' is read on.
+            with draining(list(self._started.get(container_id, ()))):
+                settled = kill_from_outside(
+                    lambda: self._signal(container_id), lambda: self._top(container_id), engine_pid
+                )
+            if not settled:
+                logger.warning("Could not prove the processes in %s were killed; removing it", container_id[:12])
         except Exception as exc:  # any failure to prove the kill: the sandbox goes instead
             why = detail(exc) if isinstance(exc, APIError) else exc
             logger.warning("Could not kill the processes in %s (%s); removing it", container_id[:12], why)
@@ -370,6 +382,7 @@ class PodmanEngine:
         self._kill_all(ref.id)
 
     def remove(self, container_id: str) -> None:
+        self._started.pop(container_id, None)
         try:
             self._podman().containers.remove(container_id, force=True, v=True)
         except NotFound:
