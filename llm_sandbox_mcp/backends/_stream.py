@@ -271,10 +271,25 @@ class SocketProcess:
         self._closed = False
 
     async def send(self, data: bytes) -> None:
+        """Write `data`; a caller's deadline ends the write too: the stream is shut, which ends the send blocked
+        in its worker thread (a process that stopped reading would hold that thread forever), and the process
+        is lost with it (a frame cut short cannot be resumed)."""
         try:
-            await anyio.to_thread.run_sync(_send_all, self._stream, data)
+            await anyio.to_thread.run_sync(_send_all, self._stream, data, abandon_on_cancel=True)
+        except anyio.get_cancelled_exc_class():
+            self._shut()
+            raise
         except Exception as exc:  # an OSError, or pywin32's error on a named pipe
             raise SandboxFailure(f"The sandbox process is gone ({exc})") from exc
+
+    def _shut(self) -> None:
+        self._closed = True
+        if isinstance(self._stream, socket.socket):
+            with contextlib.suppress(OSError):
+                # Wakes a read or a write waiting in a worker thread now (closing the socket alone would not).
+                self._stream.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(Exception):
+            self._stream.close()
 
     async def receive(self, timeout: float) -> bytes | None:
         return await anyio.to_thread.run_sync(self._next, timeout)
@@ -331,7 +346,10 @@ class SocketProcess:
             return self._pipe.get(timeout)
         sock = self._stream
         assert isinstance(sock, socket.socket)
-        ready, _, _ = select.select([sock], [], [], timeout)
+        try:
+            ready, _, _ = select.select([sock], [], [], timeout)
+        except (OSError, ValueError):  # closed meanwhile by another thread (a send cut at its deadline)
+            return b""
         if not ready:
             return None
         try:
@@ -348,11 +366,5 @@ class SocketProcess:
         self._closed = True
         if self._pipe is not None:
             self._pipe.stop()
-        elif isinstance(self._stream, socket.socket):
-            with contextlib.suppress(OSError):
-                # Wakes a read waiting in a worker thread now (closing the socket alone would leave its select()
-                # waiting out its timeout).
-                self._stream.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(Exception):
-            self._stream.close()
+        self._shut()
         self._closer()

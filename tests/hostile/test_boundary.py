@@ -89,6 +89,25 @@ async def test_a_code_that_stops_every_new_process_cannot_stretch_its_timeout(ex
     await still_answers(executor)
 
 
+async def test_a_session_whose_interpreter_stopped_reading_cannot_hold_a_cell_past_its_time(
+    executor: Executor, registry: SessionRegistry
+) -> None:
+    """A thread of the session's own code stops its interpreter once the cell is over: the next cell's program,
+    larger than every buffer on the way, cannot be written. The write is bounded by the cell's deadline on every
+    engine (it blocked a worker thread for 120 s on Docker and for ever on Podman)."""
+    session = await registry.create("python", [])
+    stopper = "import os, signal, threading\nthreading.Timer(1, os.kill, (os.getpid(), signal.SIGSTOP)).start()"
+    armed = await registry.execute(session.id, stopper, [], 60)
+    assert armed.exit_code == 0, armed
+    await anyio.sleep(3)
+    with anyio.fail_after(90):  # a bound on a hang, not a timing assertion
+        held = await registry.execute(session.id, "x = 1\n" + "#" * 900_000, [], 3)
+    assert held.timed_out and held.interpreter_lost and held.exit_code == 137, held
+    again = await registry.execute(session.id, "print(2)", [], 60)
+    assert again.stdout == "2\n" and "restarted" in again.stderr, again
+    await still_answers(executor)
+
+
 async def test_pid_1_has_no_output_the_code_could_flood(executor: Executor) -> None:
     code = """
     import os

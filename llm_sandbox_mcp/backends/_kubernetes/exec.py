@@ -250,8 +250,14 @@ class WebSocketProcess:
         self._ended = False
 
     async def send(self, data: bytes) -> None:
+        """Write `data`; a caller's deadline ends the write too, by aborting the connection (which ends the write
+        blocked in its worker thread), and the process is lost with it."""
         try:
-            await anyio.to_thread.run_sync(self._stream.write, data)
+            await anyio.to_thread.run_sync(self._stream.write, data, abandon_on_cancel=True)
+        except anyio.get_cancelled_exc_class():
+            with contextlib.suppress(Exception):
+                self._stream.abort()
+            raise
         except (WebSocketException, OSError) as exc:
             raise SandboxFailure(f"The sandbox process is gone ({exc})") from exc
 
