@@ -35,6 +35,8 @@ class Engine(Protocol):
 
     name: str
     install_network: str
+    template_containers: bool
+    """Whether `create` makes a zygote template container for a spec with `forks` (`TemplateContainers`)."""
 
     def create(self, spec: SandboxSpec, track: Callable[[str], None], /) -> str:
         """Make a running sandbox and return its id; call `track(id)` as soon as it exists on the engine, so
@@ -84,6 +86,7 @@ class Threaded:
         self.engine = engine
         self.name = engine.name
         self.install_network = engine.install_network
+        self.template_containers = engine.template_containers
         self._live: set[str] = set()
         self._lock = threading.Lock()
 

@@ -19,7 +19,9 @@ from llm_sandbox_mcp.egress.relay import Relay, relay_alive, start_relay
 from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure, SandboxNotFound
 from llm_sandbox_mcp.languages import Language, get_language
 from llm_sandbox_mcp.models import EGRESS_NETWORK, MIN_CPUS, MIN_MEMORY, Execution, Limits, Live
-from llm_sandbox_mcp.run.executor import Cell, Executor, Lease, Program
+from llm_sandbox_mcp.run.executor import Executor, Program
+from llm_sandbox_mcp.run.leases import Lease
+from llm_sandbox_mcp.run.modes import Cell
 from llm_sandbox_mcp.server.metadata import duration
 
 logger = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from llm_sandbox_mcp.backends._bubblewrap import BubblewrapBackend
 from llm_sandbox_mcp.backends._bubblewrap.host import state_root
 from llm_sandbox_mcp.languages import get_language
 from llm_sandbox_mcp.models import Execution, Limits, Live, SandboxSpec
-from llm_sandbox_mcp.run import zygote
 from llm_sandbox_mcp.run.executor import Executor
+from llm_sandbox_mcp.run.zygote import templates as zygote_templates
 from llm_sandbox_mcp.seccomp_bpf import FILTER
 from tests.engines import test_contract as contract
 from tests.engines.conftest import engine_settings, require
@@ -50,7 +50,7 @@ async def zygote_executor(request: pytest.FixtureRequest, ahead: int) -> AsyncGe
             yield executor
             if "uses_the_pool" not in request.node.name:
                 # Every call of the test ran in a child: none fell back to the pool.
-                assert executor.zygotes.served > 0 and not executor.zygotes.unavailable
+                assert executor.zygote.policy.served > 0 and not executor.zygote.policy.unavailable
     finally:
         await backend.aclose()
 
@@ -69,7 +69,7 @@ async def forked(executor: Executor, code: str, timeout: float = 30, live: Live 
         live,
     )
     assert "not a zygote child" not in result.stderr, result.stderr
-    assert not executor.zygotes.unavailable
+    assert not executor.zygote.policy.unavailable
     return result
 
 
@@ -211,13 +211,13 @@ async def test_user_code_is_locked_down(executor: Executor) -> None:
         "cgroupfs": False,
     }
     # Signalling everything it can reach reaches nothing outside its own call: the template still serves.
-    templates = dict(executor.zygotes._templates)  # pyright: ignore[reportPrivateUsage]
+    templates = dict(executor.zygote.templates._templates)  # pyright: ignore[reportPrivateUsage]
     await forked(executor, "import signal\nos.kill(-1, signal.SIGKILL)\n")
     after = await forked(executor, "print('still here')")
     assert after.stdout == "still here\n"
-    assert executor.zygotes._templates == templates  # pyright: ignore[reportPrivateUsage]
+    assert executor.zygote.templates._templates == templates  # pyright: ignore[reportPrivateUsage]
     python = get_language("python")
-    assert (await executor.zygotes.check(python, executor.spec_for(python))).startswith("works")
+    assert (await executor.check_zygote(python)).startswith("works")
 
 
 def pids_cgroup(pid: int) -> tuple[str, str]:
@@ -280,22 +280,22 @@ async def test_a_host_where_children_cannot_be_made_uses_the_pool(
     monkeypatch.setattr(_bubblewrap, "TEMPLATE_FILTER", FILTER)
     result = await executor.execute("import os\nprint(os.getppid() == 1)")
     assert result.exit_code == 0 and result.stdout == "False\n", result.stderr
-    [reason] = executor.zygotes.unavailable.values()
+    [reason] = executor.zygote.policy.unavailable.values()
     assert "unshare" in reason
     assert (await executor.execute("print(1)")).stdout == "1\n"
     python = get_language("python")
-    assert (await executor.zygotes.check(python, executor.spec_for(python))).startswith("not used")
+    assert (await executor.check_zygote(python)).startswith("not used")
 
 
 async def test_children_kept_ready_under_load_go_back_to_the_pool_size_when_idle(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(zygote, "IDLE_SECONDS", 1.0)
+    monkeypatch.setattr(zygote_templates, "IDLE_SECONDS", 1.0)
     async with zygote_executor(request, 1) as executor:
         async with anyio.create_task_group() as calls:
             for _ in range(4):  # one finds the child forked ahead, the others none: more are kept ready
                 calls.start_soon(forked, executor, "import time\ntime.sleep(1)\n")
-        [template] = executor.zygotes._templates.values()  # pyright: ignore[reportPrivateUsage]
+        [template] = executor.zygote.templates._templates.values()  # pyright: ignore[reportPrivateUsage]
         assert template.ahead > 1
         with anyio.fail_after(30):
             while template.ahead > 1 or len(template.ready) > 1:  # noqa: ASYNC110

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.anyio
 class HungEngine:
     name = "hung"
     install_network = "none"
+    template_containers = False
 
     def __init__(self) -> None:
         self.killed = threading.Event()
