@@ -20,10 +20,12 @@ from llm_sandbox_mcp import images
 from llm_sandbox_mcp.artifacts import Artifact, collect
 from llm_sandbox_mcp.backends import Backend, stop_on_cancel
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.egress.relay import run_env
+from llm_sandbox_mcp.egress import EgressListener
+from llm_sandbox_mcp.egress.relay import Relay, run_env, start_relay
 from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure
 from llm_sandbox_mcp.languages import COMPILE_FAILED_MARKER, Language, get_language
 from llm_sandbox_mcp.models import (
+    EGRESS_NETWORK,
     MAX_CODE_BYTES,
     OUTPUT_DIR,
     CacheMount,
@@ -35,6 +37,7 @@ from llm_sandbox_mcp.models import (
     SandboxSpec,
 )
 from llm_sandbox_mcp.run.build_cache import RUN_SCRIPTS, Plan
+from llm_sandbox_mcp.run.files import Files
 from llm_sandbox_mcp.run.hints import missing_library_hint
 from llm_sandbox_mcp.run.kernel import Kernel, drop_uncollected_files
 from llm_sandbox_mcp.run.leases import Lease, WarmKey, pooled
@@ -102,6 +105,33 @@ class Executor:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self._stack.__aexit__(exc_type, exc, tb)
+
+    @property
+    def engine(self) -> str:
+        """The backend's name, as every outcome reports it."""
+        return self.backend.name
+
+    @property
+    def reaches_egress_proxy(self) -> bool:
+        """Whether this engine's sandboxes can reach the server's egress proxy (through a relay)."""
+        return self.backend.install_network == EGRESS_NETWORK
+
+    async def image_of(self, lang: Language) -> str:
+        """The image `lang`'s sandboxes run on now (its project image once that is built)."""
+        await self.images.prepare(lang.name)
+        return self.images.image(lang.name)
+
+    def files(self) -> Files:
+        """The workspaces of this executor's sandboxes, and the operator's allowed host directories."""
+        return Files(self.settings, self.backend)
+
+    async def relay(self, lease: Lease, listener: EgressListener) -> Relay:
+        """Start the relay from a session's sandbox to its egress proxy. Raises SandboxFailure."""
+        return await start_relay(self.backend, lease.ref, listener, self.tunnels)
+
+    async def inspect(self, lease: Lease, argv: list[str], timeout: float, output_limit: int) -> ExecResult:
+        """A short command in a leased sandbox, outside any run (what a session uses, say)."""
+        return await self.backend.exec(lease.ref, argv, timeout=timeout, output_limit=output_limit)
 
     def program(self, code: str, language: str, libraries: list[str], timeout: float | None) -> Program:
         """Validate a request to run code. Raises InvalidRequest saying what to change."""
@@ -353,7 +383,7 @@ class Executor:
             truncated=result.truncated,
             duration_ms=round(result.duration_ms),
             language=lang.name,
-            backend=self.backend.name,
+            backend=self.engine,
             phase="compile" if phase == "compile" else "run",
             session_id=None,
             interpreter_lost=lost,

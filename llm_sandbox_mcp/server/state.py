@@ -83,9 +83,7 @@ class AppState:
 
     @property
     def files(self) -> Files:
-        from llm_sandbox_mcp.run.files import Files
-
-        return Files(self.settings, self.executor.backend)
+        return self.executor.files()
 
     async def close_now(self) -> None:
         """Remove every sandbox this server made, from outside the lifespan (on a signal)."""
@@ -148,7 +146,7 @@ class AppState:
             truncated=False,
             duration_ms=round((time.monotonic() - job.live.started) * 1000),
             language=job.language,
-            backend=self.executor.backend.name,
+            backend=self.executor.engine,
             phase="run",
             session_id=job.session_id,
             interpreter_lost=False,
@@ -211,7 +209,7 @@ class AppState:
         )
 
     def languages(self) -> LanguagesResult:
-        backend = self.running.backend.name if self.running is not None else self.settings.backend
+        backend = self.running.engine if self.running is not None else self.settings.backend
         return LanguagesResult(languages=[self._language_info(lang) for lang in LANGUAGES.values()], backend=backend)
 
     async def language_details(self, name: str) -> LanguageDetails:
@@ -221,8 +219,7 @@ class AppState:
         missing = self._missing(lang)
         if missing is not None:
             raise SandboxError(f"{lang.title} is not available on this server: {missing}")
-        await executor.images.prepare(lang.name)
-        image = executor.images.image(lang.name)
+        image = await executor.image_of(lang)
         if image not in self.versions:
             self.versions[image] = await executor.probe(lang)
         version, libraries = self.versions[image]
