@@ -14,36 +14,31 @@ from dataclasses import dataclass, replace
 from types import TracebackType
 
 import anyio
-import anyio.to_thread
 
 from llm_sandbox_mcp import images
-from llm_sandbox_mcp.artifacts import Artifact, collect
 from llm_sandbox_mcp.backends import Backend, stop_on_cancel
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.egress import EgressListener
 from llm_sandbox_mcp.egress.relay import Relay, run_env, start_relay
-from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure
-from llm_sandbox_mcp.languages import COMPILE_FAILED_MARKER, Language, get_language
+from llm_sandbox_mcp.errors import InvalidRequest
+from llm_sandbox_mcp.languages import Language, get_language
 from llm_sandbox_mcp.models import (
     EGRESS_NETWORK,
     MAX_CODE_BYTES,
-    OUTPUT_DIR,
     CacheMount,
     ExecResult,
     Execution,
     Limits,
     Live,
-    SandboxRef,
     SandboxSpec,
 )
 from llm_sandbox_mcp.run.build_cache import RUN_SCRIPTS, Plan
 from llm_sandbox_mcp.run.files import Files
-from llm_sandbox_mcp.run.hints import missing_library_hint
 from llm_sandbox_mcp.run.kernel import Kernel, drop_uncollected_files
 from llm_sandbox_mcp.run.leases import Lease, WarmKey, pooled
 from llm_sandbox_mcp.run.modes import Cell, OneShot, RunMode
-from llm_sandbox_mcp.run.parts import RunParts, assemble
-from llm_sandbox_mcp.run.transfer import unpack
+from llm_sandbox_mcp.run.outcome import decode, outputs_from_outside, shape
+from llm_sandbox_mcp.run.parts import assemble
 
 logger = logging.getLogger(__name__)
 
@@ -62,10 +57,6 @@ class Program:
     libraries: list[str]
 
 
-def _decode(data: bytes) -> str:
-    return data.decode("utf-8", errors="replace")
-
-
 class Executor:
     """Runs code on one backend: validates a request, has its sandbox lent, runs it, shapes the outcome. What it
     orchestrates (pool, zygote, leases, images, libraries, build cache) comes built (`run.parts.assemble`).
@@ -73,10 +64,10 @@ class Executor:
     Use as an async context manager: it owns the background work of those parts.
     """
 
-    def __init__(self, settings: Settings, backend: Backend, parts: RunParts | None = None) -> None:
+    def __init__(self, settings: Settings, backend: Backend) -> None:
         self.settings = settings
         self.backend = backend
-        parts = parts or assemble(settings, backend, self._switched)
+        parts = assemble(settings, backend, self._switched)
         self.limits = parts.limits
         self.tunnels = parts.tunnels
         self.libraries = parts.libraries
@@ -89,6 +80,7 @@ class Executor:
         self._sources = parts.sources
         # Languages warmed ahead of calls: warmed again on their project image once it is built.
         self._warmed: set[str] = set()
+        self._artifact_limit = settings.sandbox_artifact_limit
         self._stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> Executor:
@@ -265,7 +257,7 @@ class Executor:
             result = await self._as_exec(lease, program, mode, live)
         # A one-shot sandbox is gone after the run anyway: only a session can lose its interpreter.
         lost = result.interpreter_lost and mode.keeps_state
-        execution = self._shape(lang, result, program.timeout, lost, lease.ref.spec)
+        execution = shape(self.settings, self.images, self.engine, lang, result, program.timeout, lost, lease.ref.spec)
         if lost:
             execution.stderr += "[the interpreter was stopped; the next call starts a new one (files are kept)]\n"
         execution.stderr = "".join(notes) + execution.stderr
@@ -274,7 +266,7 @@ class Executor:
     async def _in_runner(self, lease: Lease, kernel: Kernel, program: Program, mode: RunMode, live: Live) -> ExecResult:
         plan = await self._build_plan(lease, program, mode)
         result = await kernel.run(
-            (f"{plan.mode}\n" if plan is not None else "") + _decode(program.source),
+            (f"{plan.mode}\n" if plan is not None else "") + decode(program.source),
             mode=mode.runner_mode,
             echo=mode.keeps_state,
             filename=mode.filename(program.language),
@@ -294,7 +286,7 @@ class Executor:
             else:
                 # The runner could not collect with nothing of the program left running; the kernel has killed
                 # everything from outside since, so the files are read from outside.
-                result.artifacts = await self._outputs_from_outside(lease.ref, result)
+                result.artifacts = await outputs_from_outside(self.backend, lease.ref, result, self._artifact_limit)
         return result
 
     async def _as_exec(self, lease: Lease, program: Program, mode: RunMode, live: Live) -> ExecResult:
@@ -314,7 +306,7 @@ class Executor:
         )
         # Nothing of the program may still run while its files are read: no process swaps them mid-read.
         await self.backend.kill_all(ref)
-        result.artifacts = mode.files(await self._outputs_from_outside(ref, result))
+        result.artifacts = mode.files(await outputs_from_outside(self.backend, ref, result, self._artifact_limit))
         return result
 
     async def _build_plan(self, lease: Lease, program: Program, mode: RunMode) -> Plan | None:
@@ -347,7 +339,7 @@ class Executor:
         finally:
             await loan.release(None)
         text = (result.stdout or result.stderr).decode("utf-8", errors="replace").strip()
-        libraries = images.parse_probe(lang.name, _decode(found.stdout)) if found is not None else {}
+        libraries = images.parse_probe(lang.name, decode(found.stdout)) if found is not None else {}
         return (text.splitlines()[0] if text else "unknown"), libraries
 
     async def _switched(self, language: str, base: str) -> None:
@@ -356,58 +348,3 @@ class Executor:
         self.pool.drop(lambda key: key.language == language and key.spec.image == base)
         if language in self._warmed:
             await self.warm(get_language(language))
-
-    def _shape(
-        self, lang: Language, result: ExecResult, seconds: float, lost: bool, spec: SandboxSpec | None = None
-    ) -> Execution:
-        phase = "run"
-        raw_stderr = result.stderr
-        if raw_stderr.endswith(COMPILE_FAILED_MARKER):
-            phase, raw_stderr = "compile", raw_stderr[: -len(COMPILE_FAILED_MARKER)]
-        stderr = _decode(raw_stderr)
-        if result.exit_code not in (0, None):
-            on_base = spec is not None and spec.image == self.settings.base_image_for(lang.name)
-            pending = self.images.pending(lang.name) if on_base else None
-            coming = self.images.recipe(lang.name).specs if pending is not None else []
-            stderr += missing_library_hint(lang.name, stderr, pending, coming)
-        if result.timed_out:
-            stderr += (
-                f"\n[timed out after {seconds:g} s: every process was killed; raise `timeout` "
-                f"(maximum {self.settings.sandbox_max_timeout:g} s) if the work needs longer]\n"
-            )
-        return Execution(
-            exit_code=result.exit_code,
-            stdout=_decode(result.stdout),
-            stderr=stderr,
-            timed_out=result.timed_out,
-            truncated=result.truncated,
-            duration_ms=round(result.duration_ms),
-            language=lang.name,
-            backend=self.engine,
-            phase="compile" if phase == "compile" else "run",
-            session_id=None,
-            interpreter_lost=lost,
-            artifacts=result.artifacts,
-        )
-
-    async def _outputs_from_outside(self, ref: SandboxRef, result: ExecResult) -> list[Artifact]:
-        """The output files, read after everything in the sandbox was killed from outside."""
-        try:
-            return await self._collect_outputs(ref)
-        except SandboxFailure as exc:  # a kill that could not be proven removed the sandbox, files and all
-            logger.info("No outputs of %s: %s", ref.id[:12], exc)
-            result.stderr += b"\n[the sandbox was removed before its output files could be read]\n"
-            return []
-
-    async def _collect_outputs(self, ref: SandboxRef) -> list[Artifact]:
-        """Every file in the output directory (for languages without a kernel, which reports changes itself)."""
-        limit = self.settings.sandbox_artifact_limit
-        listing = await self.backend.exec(
-            ref, ["tar", "-c", "-C", str(OUTPUT_DIR), "."], timeout=30, output_limit=limit * 2
-        )
-        if listing.exit_code != 0 or listing.truncated:
-            if listing.truncated:
-                logger.warning("Output directory of %s exceeds %d bytes; artifacts not returned", ref.id[:12], limit)
-            return []
-        files = await anyio.to_thread.run_sync(unpack, listing.stdout)
-        return collect(files, inline_limit=limit)

@@ -24,6 +24,8 @@ import json
 import logging
 from dataclasses import replace
 
+import anyio
+
 from llm_sandbox_mcp.backends import Backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxFailure
@@ -77,9 +79,13 @@ class ContainerKernels:
         kernel = await Kernel.start(backend, ref, env, preload=True, forks=self.config(ref.spec.limits))
         try:
             await kernel.next_call(READY_SECONDS)
-        except SandboxRefused as exc:
-            self._policy.mark(ref.spec, str(exc))
-            raise ForksUnavailable(str(exc)) from exc
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await kernel.aclose()
+            if isinstance(exc, SandboxRefused):
+                self._policy.mark(ref.spec, str(exc))
+                raise ForksUnavailable(str(exc)) from exc
+            raise
         return kernel
 
     def reusable(self, spec: SandboxSpec, execution: Execution, calls: int, kernel_alive: bool) -> bool:
