@@ -21,7 +21,9 @@ from llm_sandbox_mcp.backends._bubblewrap import BubblewrapBackend
 from llm_sandbox_mcp.backends._bubblewrap.host import state_root
 from llm_sandbox_mcp.languages import get_language
 from llm_sandbox_mcp.models import Execution, Limits, Live, SandboxSpec
-from llm_sandbox_mcp.run.executor import Executor
+from llm_sandbox_mcp.run.executor import Executor, Program
+from llm_sandbox_mcp.run.leases import Lease
+from llm_sandbox_mcp.run.modes import RunMode
 from llm_sandbox_mcp.run.zygote import templates as zygote_templates
 from llm_sandbox_mcp.seccomp_bpf import FILTER
 from tests.engines import test_contract as contract
@@ -77,6 +79,24 @@ def probed(result: Execution) -> dict[str, object]:
     assert result.exit_code == 0, result.stderr
     value: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
     return value
+
+
+async def test_a_forked_call_runs_through_the_executors_one_run(executor: Executor) -> None:
+    # The one seam: a call forked from a template is run by Executor.run, as a pooled call or a session's cell is,
+    # in a lease on the template's sandbox that is a child of its own.
+    leases: list[Lease] = []
+    run = executor.run
+
+    async def recording(lease: Lease, program: Program, mode: RunMode, live: Live | None = None) -> Execution:
+        leases.append(lease)
+        return await run(lease, program, mode, live)
+
+    executor.run = recording
+    assert (await forked(executor, "print(6 * 7)")).stdout == "42\n"
+    [lease] = leases
+    assert lease.child and lease.forked
+    templates = executor.zygote.templates._templates  # pyright: ignore[reportPrivateUsage]
+    assert lease.ref in [template.ref for template in templates.values()]
 
 
 async def test_each_call_starts_clean(executor: Executor) -> None:
