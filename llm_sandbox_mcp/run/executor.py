@@ -16,7 +16,7 @@ from types import TracebackType
 import anyio
 
 from llm_sandbox_mcp import images
-from llm_sandbox_mcp.backends import Backend, stop_on_cancel
+from llm_sandbox_mcp.backends import Backend, RuntimeProbe, stop_on_cancel
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.egress import EgressListener
 from llm_sandbox_mcp.egress.relay import Relay, run_env, start_relay
@@ -107,6 +107,12 @@ class Executor:
     def reaches_egress_proxy(self) -> bool:
         """Whether this engine's sandboxes can reach the server's egress proxy (through a relay)."""
         return self.backend.install_network == EGRESS_NETWORK
+
+    def missing_runtime(self, lang: Language) -> str | None:
+        """Why `lang` cannot run in this engine's sandboxes (one that runs the host's runtimes), or None."""
+        if isinstance(self.backend, RuntimeProbe):
+            return self.backend.missing_runtime(lang.version_argv[0])
+        return None
 
     async def image_of(self, lang: Language) -> str:
         """The image `lang`'s sandboxes run on now (its project image once that is built)."""

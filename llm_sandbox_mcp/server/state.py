@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 import anyio
 
 from llm_sandbox_mcp.artifacts import mime_type_of
-from llm_sandbox_mcp.backends import RuntimeProbe
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, InvalidRequest, SandboxError
 from llm_sandbox_mcp.languages import LANGUAGES, Language, get_language
@@ -191,10 +190,7 @@ class AppState:
         """Why `lang` cannot run here, or None."""
         if self.failure is not None:
             return self.failure
-        backend = self.running.backend if self.running is not None else None
-        if isinstance(backend, RuntimeProbe):
-            return backend.missing_runtime(lang.version_argv[0])
-        return None
+        return self.running.missing_runtime(lang) if self.running is not None else None
 
     def _language_info(self, lang: Language) -> LanguageInfo:
         missing = self._missing(lang)
