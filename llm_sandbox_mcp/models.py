@@ -70,7 +70,7 @@ class SandboxSpec:
     # Whether the sandbox may reach its egress proxy (through the relay's own stream: nothing is mounted).
     egress: bool = False
     # A zygote template container (SANDBOX_ZYGOTE on Docker/Podman): its kernel makes each one-shot call a
-    # sandbox of its own in nested namespaces, so the engine lets it unshare and mount (see `forking`).
+    # sandbox of its own in nested namespaces, so the engine lets it unshare and mount (see `run.zygote`).
     forks: bool = False
 
 

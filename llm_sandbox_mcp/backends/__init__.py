@@ -108,6 +108,43 @@ class ImageBuilder(Protocol):
         ...
 
 
+class ChildCgroup(Protocol):
+    """The cgroup a zygote child runs in (blocking calls: run in a worker thread)."""
+
+    def kill(self) -> None: ...
+
+    def remove(self) -> None: ...
+
+
+@runtime_checkable
+class TemplateHost(Protocol):
+    """Implemented by backends whose sandboxes can hold a zygote template that forks a sandbox per call, each
+    child confined from the host (bubblewrap): the zygote's template flavour."""
+
+    async def start_template(
+        self, ref: SandboxRef, argv: Sequence[str], env: Mapping[str, str], control_fd: int, calls: int
+    ) -> SandboxProcess:
+        """Start the template process in `ref`, handed `control_fd`, with room for `calls` children."""
+        ...
+
+    async def child_cgroup(self, ref: SandboxRef) -> ChildCgroup:
+        """A new cgroup with the sandbox's limits, for one child (the caller removes it)."""
+        ...
+
+    async def confine_child(self, ref: SandboxRef, pid: int, cgroup: ChildCgroup) -> None:
+        """Move the template's child at host pid `pid` into `cgroup`."""
+        ...
+
+
+@runtime_checkable
+class TemplateContainers(Protocol):
+    """Implemented by backends whose `create` makes a zygote template container for a spec with `forks` set
+    (Docker, Podman: the template seccomp variant, unmasked /proc and /sys): the zygote's container flavour.
+    `template_containers` says whether this engine does (an adaptor shared with other engines declares False)."""
+
+    template_containers: bool
+
+
 class Backend(Protocol):
     """One sandbox engine. Every method is async; sync SDKs run in worker threads.
 

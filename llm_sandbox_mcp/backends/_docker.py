@@ -126,6 +126,8 @@ class DockerEngine:
 
     name = "docker"
     install_network = EGRESS_NETWORK  # network none; the tunnel to the egress proxy is the only way out
+    # `spec.forks` makes a zygote template container (the template seccomp variant, unmasked /proc and /sys).
+    template_containers = True
 
     def __init__(self, base_url: str | None) -> None:
         self._base_url = base_url

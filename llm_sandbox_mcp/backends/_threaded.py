@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Generic, Protocol, TypeVar
 
@@ -35,6 +35,8 @@ class Engine(Protocol):
 
     name: str
     install_network: str
+    template_containers: bool
+    """Whether `create` makes a zygote template container for a spec with `forks` (`TemplateContainers`)."""
 
     def create(self, spec: SandboxSpec, track: Callable[[str], None], /) -> str:
         """Make a running sandbox and return its id; call `track(id)` as soon as it exists on the engine, so
@@ -84,6 +86,7 @@ class Threaded:
         self.engine = engine
         self.name = engine.name
         self.install_network = engine.install_network
+        self.template_containers = engine.template_containers
         self._live: set[str] = set()
         self._lock = threading.Lock()
 
@@ -127,16 +130,24 @@ class Threaded:
         workdir: PurePosixPath = WORKDIR,
     ) -> SandboxProcess:
         work = functools.partial(self.engine.start, ref, list(argv), dict(env or {}), workdir)
-        return await self._bounded(ref, _START_SECONDS, "start a process", work)
+        return await self._bounded(ref, _START_SECONDS, "start a process", work, _close_process)
 
-    async def _bounded(self, ref: SandboxRef, bound: float, what: str, work: Callable[[], T]) -> T:
+    async def _bounded(
+        self,
+        ref: SandboxRef,
+        bound: float,
+        what: str,
+        work: Callable[[], T],
+        discard: Callable[[T], Awaitable[None]] | None = None,
+    ) -> T:
         """Run a blocking engine call on `ref` in a worker thread, for at most `bound` seconds.
 
         A cancelled caller waits for the call to return, as a call that cannot be interrupted must (whoever runs a
         program kills it meanwhile: `stop_on_cancel`), but not past `bound`; a call its thread had not taken up
         yet never runs. An engine call still running at `bound` is hung (an exec that never starts, a request
         write that never completes): the sandbox's processes are killed so it can return, and the caller goes on
-        without it (SandboxFailure, or its cancellation).
+        without it (SandboxFailure, or its cancellation). What a call returns after its caller was cancelled goes
+        to `discard` (a started process is closed, not dropped with its stream open).
         """
         call = _Call(work)
         deadline = anyio.current_time() + bound
@@ -149,9 +160,13 @@ class Threaded:
                     left = max(0.0, deadline - anyio.current_time())
                     if not await anyio.to_thread.run_sync(call.returned.wait, left, abandon_on_cancel=True):
                         await self._kill_until(ref, call.returned)
+                    if discard is not None and call.outcome:
+                        await discard(call.outcome[0])
             raise
         if call.started_or_give_up():
             await self._kill_until(ref, call.returned)
+            if discard is not None and call.outcome:
+                await discard(call.outcome[0])
         raise SandboxFailure(f"The {self.name} engine did not {what} within {bound:g} s")
 
     async def _kill_until(self, ref: SandboxRef, returned: threading.Event) -> None:
@@ -227,6 +242,8 @@ class _Call(Generic[T]):
         self._started = False
         self._given_up = False
         self.returned = threading.Event()
+        # What the call returned, once it has.
+        self.outcome: list[T] = []
 
     def run(self) -> T:
         with self._gate:
@@ -234,7 +251,8 @@ class _Call(Generic[T]):
                 raise SandboxFailure("the engine call was given up before it started")
             self._started = True
         try:
-            return self._work()
+            self.outcome.append(self._work())
+            return self.outcome[0]
         finally:
             self.returned.set()
 
@@ -243,6 +261,10 @@ class _Call(Generic[T]):
         with self._gate:
             self._given_up = not self._started
             return self._started
+
+
+async def _close_process(process: SandboxProcess) -> None:
+    await process.aclose()
 
 
 def _into_event_loop(listener: OutputListener) -> OutputListener:

@@ -1,49 +1,45 @@
-"""Runs code: a validated program, a sandbox (from the warm pool, or a session's), one run, one outcome.
+"""Runs code: a validated program, a sandbox lent by one of its sources, one run, one outcome.
 
-`Executor.execute` is a one-shot call; `Executor.run` is the single seam every run goes through, one-shot or
-a session's cell.
+Every run goes through `Executor.run`, the one seam: a one-shot call's (`execute`), whatever its sandbox came
+from (the warm pool, a zygote child, a zygote template container: `run.leases.Sources` chooses), and a
+session's cell (`run.sessions`, in the session's own sandbox). `run` talks to the sandbox's runner, or execs
+the program where there is none, and shapes the one outcome, an `Execution`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from types import TracebackType
 
 import anyio
-import anyio.to_thread
 
 from llm_sandbox_mcp import images
-from llm_sandbox_mcp.artifacts import Artifact, collect
-from llm_sandbox_mcp.backends import Backend, stop_on_cancel
+from llm_sandbox_mcp.backends import Backend, RuntimeProbe, stop_on_cancel
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.egress.tunnel import Tunnels
-from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure
-from llm_sandbox_mcp.images.background import ProjectImages
-from llm_sandbox_mcp.languages import COMPILE_FAILED_MARKER, Language, get_language
+from llm_sandbox_mcp.egress.proxy import EgressListener
+from llm_sandbox_mcp.egress.relay import Relay, start_relay
+from llm_sandbox_mcp.errors import InvalidRequest
+from llm_sandbox_mcp.languages import Language, get_language
 from llm_sandbox_mcp.models import (
+    EGRESS_NETWORK,
     MAX_CODE_BYTES,
-    OUTPUT_DIR,
-    WORKDIR,
     CacheMount,
     ExecResult,
     Execution,
     Limits,
     Live,
-    SandboxRef,
     SandboxSpec,
 )
-from llm_sandbox_mcp.run.budget import MemoryBudget
-from llm_sandbox_mcp.run.build_cache import BUILD_PIPE_ENV, RUN_SCRIPTS, BuildCache, Plan
+from llm_sandbox_mcp.run.build_cache import RUN_SCRIPTS, Plan
 from llm_sandbox_mcp.run.environment import run_env
-from llm_sandbox_mcp.run.forking import READY_SECONDS, Forks, ForksUnavailable
-from llm_sandbox_mcp.run.hints import missing_library_hint
-from llm_sandbox_mcp.run.kernel import Kernel, KernelDied, SandboxRefused, drop_uncollected_files
-from llm_sandbox_mcp.run.libraries import LibraryCache
-from llm_sandbox_mcp.run.pool import Pool
-from llm_sandbox_mcp.run.transfer import unpack
-from llm_sandbox_mcp.run.zygote import Zygotes
+from llm_sandbox_mcp.run.files import Files
+from llm_sandbox_mcp.run.kernel import Kernel, drop_uncollected_files
+from llm_sandbox_mcp.run.leases import Lease, WarmKey, pooled
+from llm_sandbox_mcp.run.modes import Cell, OneShot, RunMode
+from llm_sandbox_mcp.run.outcome import decode, outputs_from_outside, shape
+from llm_sandbox_mcp.run.parts import assemble
 
 logger = logging.getLogger(__name__)
 
@@ -62,88 +58,38 @@ class Program:
     libraries: list[str]
 
 
-@dataclass
-class Cell:
-    """What a session carries from one run to the next."""
-
-    number: int = 0
-    # For languages without a kernel: what the output directory held after the last run.
-    seen: dict[str, tuple[int, bytes | None]] = field(default_factory=lambda: {})
-
-    def changed(self, artifacts: list[Artifact]) -> list[Artifact]:
-        current = {a.name: (a.size, a.data) for a in artifacts}
-        fresh = [a for a in artifacts if self.seen.get(a.name) != current[a.name]]
-        self.seen = current
-        return fresh
-
-
-@dataclass(frozen=True)
-class WarmKey:
-    """What makes two sandboxes interchangeable in the pool."""
-
-    language: str
-    spec: SandboxSpec
-
-
-@dataclass
-class Lease:
-    """A sandbox ready for runs, with its warm interpreter or runner when the language has one."""
-
-    ref: SandboxRef
-    language: Language
-    kernel: Kernel | None = None
-    # What this sandbox holds of the server's memory budget.
-    charged: int = 0
-    # From the pool, used by exactly one run and destroyed afterwards (not a session's); a zygote template
-    # container (`spec.forks`) may serve more runs, each in a sandbox of its own (`forking`).
-    one_shot: bool = True
-    calls: int = 0
-
-
-def _decode(data: bytes) -> str:
-    return data.decode("utf-8", errors="replace")
-
-
 class Executor:
-    """Runs code on one backend, through the warm pool, with libraries from the install cache.
+    """Runs code on one backend: validates a request, has its sandbox lent, runs it, shapes the outcome. What it
+    orchestrates (pool, zygote, leases, images, libraries, build cache) comes built (`run.parts.assemble`).
 
-    Use as an async context manager: it owns the pool's background work.
+    Use as an async context manager: it owns the background work of those parts.
     """
 
     def __init__(self, settings: Settings, backend: Backend) -> None:
         self.settings = settings
         self.backend = backend
-        self.limits = settings.limits()
-        self.budget = MemoryBudget(settings.memory_budget())
-        # Where the egress tunnels of installers and sessions run.
-        self.tunnels = Tunnels()
-        self.libraries = LibraryCache(settings, backend, self.limits, self.budget, self.tunnels)
-        self.pool: Pool[WarmKey, Lease] = Pool(
-            self._make_lease,
-            self._dispose_lease,
-            settings.sandbox_pool_size,
-            # Under load a key keeps up to one ready sandbox per call that may run at once.
-            max_size=settings.sandbox_max_concurrency,
-            can_grow=self._room_to_grow,
-        )
-        # Sandbox kinds whose image could not start the warm runner (no perl, say): they run one exec per call.
-        self._cold: set[WarmKey] = set()
-        self.limiter = anyio.CapacityLimiter(settings.sandbox_max_concurrency)
-        self.images = ProjectImages(settings, backend, self._switched)
-        self.libraries.image_of = self.images.image
+        parts = assemble(settings, backend, self._switched)
+        self.limits = parts.limits
+        self.tunnels = parts.tunnels
+        self.libraries = parts.libraries
+        self.images = parts.images
+        self.builds = parts.builds
+        self.pool = parts.pool
+        self.zygote = parts.zygote
+        self.limiter = parts.limiter
+        self._leases = parts.leases
+        self._sources = parts.sources
         # Languages warmed ahead of calls: warmed again on their project image once it is built.
         self._warmed: set[str] = set()
-        self.zygotes = Zygotes(settings, backend, self.budget)
-        self.forks = Forks(settings, backend.name)
-        self.builds = BuildCache(backend, settings.sandbox_build_cache_size)
+        self._artifact_limit = settings.sandbox_artifact_limit
         self._stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> Executor:
         async with contextlib.AsyncExitStack() as stack:
-            # Left in reverse: the zygotes (which use the pool's budget) first, the tunnels last.
+            # Left in reverse: the zygote (which uses the pool's budget) first, the tunnels last.
             await stack.enter_async_context(self.tunnels)
             await stack.enter_async_context(self.pool)
-            await stack.enter_async_context(self.zygotes)
+            await stack.enter_async_context(self.zygote)
             await stack.enter_async_context(self.images)
             self._stack = stack.pop_all()
         return self
@@ -152,6 +98,39 @@ class Executor:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self._stack.__aexit__(exc_type, exc, tb)
+
+    @property
+    def engine(self) -> str:
+        """The backend's name, as every outcome reports it."""
+        return self.backend.name
+
+    @property
+    def reaches_egress_proxy(self) -> bool:
+        """Whether this engine's sandboxes can reach the server's egress proxy (through a relay)."""
+        return self.backend.install_network == EGRESS_NETWORK
+
+    def missing_runtime(self, lang: Language) -> str | None:
+        """Why `lang` cannot run in this engine's sandboxes (one that runs the host's runtimes), or None."""
+        if isinstance(self.backend, RuntimeProbe):
+            return self.backend.missing_runtime(lang.version_argv[0])
+        return None
+
+    async def image_of(self, lang: Language) -> str:
+        """The image `lang`'s sandboxes run on now (its project image once that is built)."""
+        await self.images.prepare(lang.name)
+        return self.images.image(lang.name)
+
+    def files(self) -> Files:
+        """The workspaces of this executor's sandboxes, and the operator's allowed host directories."""
+        return Files(self.settings, self.backend)
+
+    async def relay(self, lease: Lease, listener: EgressListener) -> Relay:
+        """Start the relay from a session's sandbox to its egress proxy. Raises SandboxFailure."""
+        return await start_relay(self.backend, lease.ref, listener, self.tunnels)
+
+    async def inspect(self, lease: Lease, argv: list[str], timeout: float, output_limit: int) -> ExecResult:
+        """A short command in a leased sandbox, outside any run (what a session uses, say)."""
+        return await self.backend.exec(lease.ref, argv, timeout=timeout, output_limit=output_limit)
 
     def program(self, code: str, language: str, libraries: list[str], timeout: float | None) -> Program:
         """Validate a request to run code. Raises InvalidRequest saying what to change."""
@@ -203,11 +182,7 @@ class Executor:
         """Have sandboxes for `language` (without libraries) ready before the first call."""
         await self.images.prepare(language.name)
         self._warmed.add(language.name)
-        spec = self.spec_for(language)
-        if self.zygotes.serves(language, spec):
-            self.zygotes.warm(language, spec)
-        else:
-            self.pool.warm(WarmKey(language.name, self.forks.spec(language, spec)))
+        self._sources.warm(language, self.spec_for(language))
 
     async def execute(
         self,
@@ -217,7 +192,7 @@ class Executor:
         timeout: float | None = None,
         live: Live | None = None,
     ) -> Execution:
-        """Run code once in a fresh sandbox from the pool, which is destroyed afterwards (also when cancelled)."""
+        """Run code once in a fresh sandbox, which is gone afterwards (also when cancelled)."""
         return await self.execute_program(self.program(code, language, libraries or [], timeout), live)
 
     async def execute_program(self, program: Program, live: Live | None = None) -> Execution:
@@ -226,68 +201,29 @@ class Executor:
         live.phase = "waiting for a free slot (SANDBOX_MAX_CONCURRENCY)"
         async with self.limiter:
             spec = await self._spec(program.language, program.libraries, live=live)
-            live.phase = "starting the sandbox"
-            forked = await self.zygotes.run(program.language, spec, _decode(program.source), program.timeout, live)
-            if forked is not None:
-                return self._shape(program.language, forked, program.timeout, False, spec)
             for cached in (True, False):
                 live.phase = "starting the sandbox"
-                key, lease = await self._acquire(program.language, spec)
-                again = False
+                loan = await self._sources.lend(program.language, spec)
+                execution: Execution | None = None
                 try:
-                    execution = await self.run(lease, program, live=live, cached=cached)
-                    lease.calls += 1
-                    self.forks.served += key.spec.forks
-                    alive = lease.kernel is not None and lease.kernel.alive and not lease.kernel.collect_outside
-                    again = self.forks.reusable(lease.ref.spec, execution, lease.calls, alive)
+                    execution = await self.run(loan.lease, program, OneShot(cached), live)
                     return execution
                 except _StaleBinary:
                     logger.info("A cached %s binary did not start; building it again", program.language.title)
                 finally:
-                    if again:
-                        await self.pool.recycle(key, lease, self._ready_again)
-                    else:
-                        await self.pool.release(lease, key if key.spec.forks else None)
+                    await loan.release(execution)
             raise AssertionError("unreachable: a run without the build cache never raises _StaleBinary")
 
-    async def _acquire(self, lang: Language, spec: SandboxSpec) -> tuple[WarmKey, Lease]:
-        """A sandbox for a one-shot run: a template container's (lent) where one serves this kind, else a pooled
-        one, also when the template container could not be had (the call never fails for that)."""
-        forking = self.forks.spec(lang, spec)
-        if forking.forks:
-            key = WarmKey(lang.name, forking)
-            try:
-                return key, await self.pool.acquire(key, lend=True)
-            except ForksUnavailable:
-                pass
-            except SandboxFailure as exc:
-                logger.info("No zygote template container for this call (%s); it takes the pool", exc)
-        key = WarmKey(lang.name, spec)
-        return key, await self.pool.acquire(key)
-
-    async def _ready_again(self, lease: Lease) -> bool:
-        """Whether a template container's kernel has the next call's sandbox ready (the last call's processes
-        all gone)."""
-        if lease.kernel is None:
-            return False
-        try:
-            await lease.kernel.next_call(READY_SECONDS)
-        except SandboxFailure as exc:
-            logger.info("A zygote template container is not reused: %s", exc)
-            return False
-        self.forks.recycled += 1
-        return True
-
     async def check_zygote(self, lang: Language) -> str:
-        """For `doctor`: whether Python one-shot calls fork their sandboxes here (bubblewrap or containers)."""
+        """For `doctor`: whether Python one-shot calls fork their sandboxes here (either flavour), or why not."""
         await self.images.prepare(lang.name)
         spec = self.spec_for(lang)
-        if not self.forks.enabled:
-            return await self.zygotes.check(lang, spec)
-        served = self.forks.served
+        policy = self.zygote.policy
+        if policy.flavour is None:
+            return policy.status(spec, False, None, "")
+        served = policy.served
         execution = await self.execute("print(1)", lang.name, timeout=30)
-        forked = self.forks.served > served
-        return self.forks.status(spec, forked and execution.exit_code == 0 and execution.stdout == "1\n")
+        return policy.status(spec, policy.served > served, execution.exit_code, execution.stdout)
 
     async def open(
         self, lang: Language, libraries: list[str], limits: Limits, live: Live | None = None, egress: bool = False
@@ -297,87 +233,94 @@ class Executor:
         spec = replace(await self._spec(lang, libraries, limits, live), egress=egress)
         if live is not None:
             live.phase = "starting the sandbox"
-        return await self._make_lease(WarmKey(lang.name, spec), False, one_shot=False)
+        return await self._leases.make(WarmKey(lang.name, spec), False, one_shot=False)
 
     async def close(self, lease: Lease) -> None:
         with anyio.CancelScope(shield=True):
-            await self._dispose_lease(lease)
+            await self._leases.dispose(lease)
 
-    async def run(
-        self, lease: Lease, program: Program, cell: Cell | None = None, live: Live | None = None, cached: bool = True
-    ) -> Execution:
-        """Run a program in a leased sandbox. With a `cell` (a session) the interpreter keeps its state, a lost
-        one is started again first, and only files that changed since the last cell come back. A compiled
-        program's one-shot run uses the build cache (a hit only when `cached`) and raises _StaleBinary when a
-        cached binary failed to start.
+    async def run(self, lease: Lease, program: Program, mode: RunMode, live: Live | None = None) -> Execution:
+        """Run a program in a leased sandbox: through its runner, or as one exec where it has none.
 
-        Output reaches `live` as it arrives. Cancelling
-        the caller stops the run first: a cell is interrupted as at a timeout (the session stays usable), and
-        anything else is killed from outside with every process in the sandbox.
+        A `Cell` (a session) keeps the interpreter's state, starts a lost one again first, and gets back only
+        the files that changed since the last cell. A `OneShot` run of a compiled program uses the build cache
+        (a hit only when `cached`) and raises _StaleBinary when a cached binary failed to start.
+
+        Output reaches `live` as it arrives. Cancelling the caller stops the run first: a cell is interrupted
+        as at a timeout (the session stays usable), and anything else is killed from outside with every process
+        in its sandbox.
         """
         lang = program.language
         live = live or Live()
         notes: list[str] = []
-        if cell is not None:
-            cell.number += 1
-            if await self._revive(lease):
+        if isinstance(mode, Cell):
+            mode.number += 1
+            if await self._leases.revive(lease):
                 notes.append("[the interpreter had been lost and was restarted: earlier variables are gone]\n")
-        live.phase = f"running {lang.name}" + (f" (cell {cell.number})" if cell is not None else "")
-        kernel = lease.kernel
-        if kernel is not None:
-            plan = await self._build_plan(lease, program, cached)
-            result = await kernel.run(
-                (f"{plan.mode}\n" if plan is not None else "") + _decode(program.source),
-                mode="fork" if cell is None else "inline",
-                echo=cell is not None,
-                filename=str(WORKDIR / lang.file_name) if cell is None else f"<cell {cell.number}>",
-                timeout=program.timeout,
-                output_limit=self.settings.sandbox_output_limit,
-                artifact_limit=self.settings.sandbox_artifact_limit,
-                live=live,
-                binary=plan.binary if plan is not None else None,
-                build_limit=plan.limit if plan is not None and plan.mode == "capture" else 0,
-            )
-            if plan is not None:
-                self._keep_build(plan, kernel, result)
-            if kernel.collect_outside and cell is None and lease.ref.spec.forks:
-                drop_uncollected_files(result)
-            elif kernel.collect_outside and cell is None:
-                # The runner could not collect with nothing of the program left running; the kernel has killed
-                # everything from outside since, so the files are read from outside.
-                result.artifacts = await self._outputs_from_outside(lease.ref, result)
+        live.phase = f"running {lang.name}{mode.label()}"
+        if lease.kernel is not None:
+            result = await self._in_runner(lease, lease.kernel, program, mode, live)
         else:
-            ref = lease.ref
-            result = await stop_on_cancel(
-                self.backend,
-                ref,
-                lambda: self.backend.exec(
-                    ref,
-                    lang.run_argv(),
-                    timeout=program.timeout,
-                    stdin=program.source,
-                    env=run_env(lang, ref.spec),
-                    output_limit=self.settings.sandbox_output_limit,
-                    on_output=live.feed,
-                ),
-            )
-            # Nothing of the program may still run while its files are read: no process swaps them mid-read.
-            await self.backend.kill_all(lease.ref)
-            outputs = await self._outputs_from_outside(lease.ref, result)
-            result.artifacts = cell.changed(outputs) if cell is not None else outputs
-        # A one-shot sandbox is destroyed after the run anyway: only a session can lose its interpreter.
-        lost = result.interpreter_lost and cell is not None
-        execution = self._shape(lang, result, program.timeout, lost, lease.ref.spec)
+            result = await self._as_exec(lease, program, mode, live)
+        # A one-shot sandbox is gone after the run anyway: only a session can lose its interpreter.
+        lost = result.interpreter_lost and mode.keeps_state
+        execution = shape(self.settings, self.images, self.engine, lang, result, program.timeout, lost, lease.ref.spec)
         if lost:
             execution.stderr += "[the interpreter was stopped; the next call starts a new one (files are kept)]\n"
         execution.stderr = "".join(notes) + execution.stderr
         return execution
 
-    async def _build_plan(self, lease: Lease, program: Program, cached: bool) -> Plan | None:
+    async def _in_runner(self, lease: Lease, kernel: Kernel, program: Program, mode: RunMode, live: Live) -> ExecResult:
+        plan = await self._build_plan(lease, program, mode)
+        result = await kernel.run(
+            (f"{plan.mode}\n" if plan is not None else "") + decode(program.source),
+            mode=mode.runner_mode,
+            echo=mode.keeps_state,
+            filename=mode.filename(program.language),
+            timeout=program.timeout,
+            output_limit=self.settings.sandbox_output_limit,
+            artifact_limit=self.settings.sandbox_artifact_limit,
+            live=live,
+            binary=plan.binary if plan is not None else None,
+            build_limit=plan.limit if plan is not None and plan.mode == "capture" else 0,
+        )
+        if plan is not None:
+            self._keep_build(plan, kernel, result)
+        if kernel.collect_outside and not mode.keeps_state:
+            if lease.forked:
+                # The run's files lived in the sandbox forked for it, gone with it.
+                drop_uncollected_files(result)
+            else:
+                # The runner could not collect with nothing of the program left running; the kernel has killed
+                # everything from outside since, so the files are read from outside.
+                result.artifacts = await outputs_from_outside(self.backend, lease.ref, result, self._artifact_limit)
+        return result
+
+    async def _as_exec(self, lease: Lease, program: Program, mode: RunMode, live: Live) -> ExecResult:
+        lang, ref = program.language, lease.ref
+        result = await stop_on_cancel(
+            self.backend,
+            ref,
+            lambda: self.backend.exec(
+                ref,
+                lang.run_argv(),
+                timeout=program.timeout,
+                stdin=program.source,
+                env=run_env(lang, ref.spec),
+                output_limit=self.settings.sandbox_output_limit,
+                on_output=live.feed,
+            ),
+        )
+        # Nothing of the program may still run while its files are read: no process swaps them mid-read.
+        await self.backend.kill_all(ref)
+        result.artifacts = mode.files(await outputs_from_outside(self.backend, ref, result, self._artifact_limit))
+        return result
+
+    async def _build_plan(self, lease: Lease, program: Program, mode: RunMode) -> Plan | None:
         """For a compiled language under its warm runner: whether to build, and whether to hand the binary over."""
-        if program.language.name not in RUN_SCRIPTS or not lease.one_shot:
+        if not isinstance(mode, OneShot) or program.language.name not in RUN_SCRIPTS or not lease.one_shot:
             return None
-        return await self.builds.plan(program.language, lease.ref.spec, program.source, lookup=cached)
+        return await self.builds.plan(program.language, lease.ref.spec, program.source, lookup=mode.cached)
 
     def _keep_build(self, plan: Plan, kernel: Kernel, result: ExecResult) -> None:
         if plan.key is None:
@@ -394,90 +337,17 @@ class Executor:
         """The runtime version the configured image really has, and the versions of the project image's
         libraries found in it."""
         await self.images.prepare(lang.name)
-        lease = await self.pool.acquire(WarmKey(lang.name, self.spec_for(lang)))
+        loan = await pooled(self.pool, lang, self.spec_for(lang))
+        lease = loan.lease
         try:
             result = await self.backend.exec(lease.ref, list(lang.version_argv), timeout=30, output_limit=4096)
             probe = images.probe_argv(lang.name)
             found = await self.backend.exec(lease.ref, probe, timeout=60, output_limit=16384) if probe else None
         finally:
-            await self.pool.release(lease)
+            await loan.release(None)
         text = (result.stdout or result.stderr).decode("utf-8", errors="replace").strip()
-        libraries = images.parse_probe(lang.name, _decode(found.stdout)) if found is not None else {}
+        libraries = images.parse_probe(lang.name, decode(found.stdout)) if found is not None else {}
         return (text.splitlines()[0] if text else "unknown"), libraries
-
-    def _room_to_grow(self, key: WarmKey) -> bool:
-        """A larger pool leaves room in the memory budget for one more sandbox (a session, a call)."""
-        return self.budget.committed + 2 * key.spec.limits.memory_bytes <= self.budget.total
-
-    async def _make_lease(self, key: WarmKey, ahead: bool, one_shot: bool = True) -> Lease:
-        charge = key.spec.limits.memory_bytes
-        self.budget.reserve(charge, "a warm sandbox" if ahead else "a sandbox")
-        try:
-            ref = await self.backend.create(key.spec)
-        except BaseException:
-            self.budget.release(charge)
-            raise
-        lease = Lease(ref, get_language(key.language), charged=charge, one_shot=one_shot)
-        try:
-            await self._start_kernel(lease, preload=ahead)
-            if one_shot and lease.kernel is None:
-                await self._start_runner(key, lease)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await self._dispose_lease(lease)
-            raise
-        return lease
-
-    async def _start_kernel(self, lease: Lease, preload: bool) -> None:
-        if not lease.language.kernel:
-            return
-        env = run_env(lease.language, lease.ref.spec)
-        spec = lease.ref.spec
-        if not spec.forks:
-            lease.kernel = await Kernel.start(self.backend, lease.ref, env, preload=preload)
-            return
-        # A template container serves many calls: its children inherit the imports, so they are always made.
-        lease.kernel = await Kernel.start(
-            self.backend, lease.ref, env, preload=True, forks=self.forks.config(spec.limits)
-        )
-        try:
-            await lease.kernel.next_call(READY_SECONDS)
-        except SandboxRefused as exc:
-            self.forks.mark(spec, str(exc))
-            raise ForksUnavailable(str(exc)) from exc
-
-    async def _start_runner(self, key: WarmKey, lease: Lease) -> None:
-        """The language's runtime started ahead, waiting for the program; a sandbox that cannot runs cold."""
-        warm_argv = lease.language.warm_argv
-        if warm_argv is None or key in self._cold:
-            return
-        env = run_env(lease.language, lease.ref.spec)
-        if lease.language.name in RUN_SCRIPTS:
-            env.update(BUILD_PIPE_ENV)
-        try:
-            lease.kernel = await Kernel.supervise(self.backend, lease.ref, warm_argv(), env)
-        except KernelDied as exc:
-            logger.warning("%s sandboxes run without a warm runner: %s", lease.language.title, exc)
-            self._cold.add(key)
-            await self.backend.kill_all(lease.ref)
-
-    async def _revive(self, lease: Lease) -> bool:
-        """Start a new interpreter where the last one was lost; True when that happened."""
-        if lease.kernel is None or lease.kernel.alive:
-            return False
-        await lease.kernel.aclose()
-        lease.kernel = None
-        await self._start_kernel(lease, preload=False)
-        return True
-
-    async def _dispose_lease(self, lease: Lease) -> None:
-        try:
-            if lease.kernel is not None:
-                await lease.kernel.aclose()
-            await self.backend.destroy(lease.ref)
-        finally:
-            self.budget.release(lease.charged)
-            lease.charged = 0
 
     async def _switched(self, language: str, base: str) -> None:
         """The project image of `language` is built: sandboxes made ready on its base image go (template
@@ -485,58 +355,3 @@ class Executor:
         self.pool.drop(lambda key: key.language == language and key.spec.image == base)
         if language in self._warmed:
             await self.warm(get_language(language))
-
-    def _shape(
-        self, lang: Language, result: ExecResult, seconds: float, lost: bool, spec: SandboxSpec | None = None
-    ) -> Execution:
-        phase = "run"
-        raw_stderr = result.stderr
-        if raw_stderr.endswith(COMPILE_FAILED_MARKER):
-            phase, raw_stderr = "compile", raw_stderr[: -len(COMPILE_FAILED_MARKER)]
-        stderr = _decode(raw_stderr)
-        if result.exit_code not in (0, None):
-            on_base = spec is not None and spec.image == self.settings.base_image_for(lang.name)
-            pending = self.images.pending(lang.name) if on_base else None
-            coming = self.images.recipe(lang.name).specs if pending is not None else []
-            stderr += missing_library_hint(lang.name, stderr, pending, coming)
-        if result.timed_out:
-            stderr += (
-                f"\n[timed out after {seconds:g} s: every process was killed; raise `timeout` "
-                f"(maximum {self.settings.sandbox_max_timeout:g} s) if the work needs longer]\n"
-            )
-        return Execution(
-            exit_code=result.exit_code,
-            stdout=_decode(result.stdout),
-            stderr=stderr,
-            timed_out=result.timed_out,
-            truncated=result.truncated,
-            duration_ms=round(result.duration_ms),
-            language=lang.name,
-            backend=self.backend.name,
-            phase="compile" if phase == "compile" else "run",
-            session_id=None,
-            interpreter_lost=lost,
-            artifacts=result.artifacts,
-        )
-
-    async def _outputs_from_outside(self, ref: SandboxRef, result: ExecResult) -> list[Artifact]:
-        """The output files, read after everything in the sandbox was killed from outside."""
-        try:
-            return await self._collect_outputs(ref)
-        except SandboxFailure as exc:  # a kill that could not be proven removed the sandbox, files and all
-            logger.info("No outputs of %s: %s", ref.id[:12], exc)
-            result.stderr += b"\n[the sandbox was removed before its output files could be read]\n"
-            return []
-
-    async def _collect_outputs(self, ref: SandboxRef) -> list[Artifact]:
-        """Every file in the output directory (for languages without a kernel, which reports changes itself)."""
-        limit = self.settings.sandbox_artifact_limit
-        listing = await self.backend.exec(
-            ref, ["tar", "-c", "-C", str(OUTPUT_DIR), "."], timeout=30, output_limit=limit * 2
-        )
-        if listing.exit_code != 0 or listing.truncated:
-            if listing.truncated:
-                logger.warning("Output directory of %s exceeds %d bytes; artifacts not returned", ref.id[:12], limit)
-            return []
-        files = await anyio.to_thread.run_sync(unpack, listing.stdout)
-        return collect(files, inline_limit=limit)

@@ -140,20 +140,24 @@ class Kernel:
 
     @classmethod
     async def greet(cls, backend: Backend, ref: SandboxRef, process: SandboxProcess, what: str) -> Kernel:
-        """A kernel over a started `process`, once its hello came. Raises KernelDied when it does not come."""
+        """A kernel over a started `process`, once its hello came. Raises KernelDied when it does not come; the
+        process is closed whenever no kernel comes of it (a cancelled wait included)."""
         kernel = cls(backend, ref, process)
         try:
-            frame = await kernel._next_frame(time.monotonic() + _START_TIMEOUT)
-        except KernelDied:
-            frame = None
-        if frame is None or frame[0] != b"H":
-            detail = process.stderr_tail().decode("utf-8", errors="replace").strip()[-2000:]
-            await process.aclose()
-            raise KernelDied(f"{what} in the sandbox did not start: {detail or 'no output'}")
-        pid = _json_object(frame[1]).get("pid")
-        if type(pid) is not int or pid <= 0:
-            await process.aclose()
-            raise ProtocolError(f"{what} in the sandbox sent an invalid hello")
+            try:
+                frame = await kernel._next_frame(time.monotonic() + _START_TIMEOUT)
+            except KernelDied:
+                frame = None
+            if frame is None or frame[0] != b"H":
+                detail = process.stderr_tail().decode("utf-8", errors="replace").strip()[-2000:]
+                raise KernelDied(f"{what} in the sandbox did not start: {detail or 'no output'}")
+            pid = _json_object(frame[1]).get("pid")
+            if type(pid) is not int or pid <= 0:
+                raise ProtocolError(f"{what} in the sandbox sent an invalid hello")
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await process.aclose()
+            raise
         kernel.pid = pid
         return kernel
 

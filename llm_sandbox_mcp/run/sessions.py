@@ -17,12 +17,14 @@ from llm_sandbox_mcp.config import Settings, parse_size
 from llm_sandbox_mcp.durations import duration
 from llm_sandbox_mcp.egress.policy import EgressPolicy
 from llm_sandbox_mcp.egress.proxy import EgressListener, open_listener
-from llm_sandbox_mcp.egress.relay import Relay, relay_alive, start_relay
+from llm_sandbox_mcp.egress.relay import Relay, relay_alive
 from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure, SandboxNotFound
 from llm_sandbox_mcp.host_rules import HostRule
 from llm_sandbox_mcp.languages import Language, get_language
 from llm_sandbox_mcp.models import EGRESS_NETWORK, MIN_CPUS, MIN_MEMORY, Execution, Limits, Live
-from llm_sandbox_mcp.run.executor import Cell, Executor, Lease, Program
+from llm_sandbox_mcp.run.executor import Executor, Program
+from llm_sandbox_mcp.run.leases import Lease
+from llm_sandbox_mcp.run.modes import Cell
 
 logger = logging.getLogger(__name__)
 
@@ -116,9 +118,9 @@ class SessionRegistry:
     def _egress(self, wanted: list[str]) -> EgressPolicy:
         """The hosts a session asked for, each within SANDBOX_SESSION_ALLOW_HOSTS; explicit where the operator
         named that very host (then reached wherever it resolves), else public addresses only."""
-        if self.executor.backend.install_network != EGRESS_NETWORK:
+        if not self.executor.reaches_egress_proxy:
             raise InvalidRequest(
-                f"Sessions on {self.executor.backend.name} cannot be given hosts: its sandboxes cannot reach the "
+                f"Sessions on {self.executor.engine} cannot be given hosts: its sandboxes cannot reach the "
                 "server's egress proxy"
             )
         allowed = [HostRule.parse(entry, explicit=True) for entry in self.settings.sandbox_session_allow_hosts]
@@ -266,9 +268,7 @@ class SessionRegistry:
             await session.relay.aclose()
             session.relay = None
         try:
-            session.relay = await start_relay(
-                self.executor.backend, session.lease.ref, session.egress, self.executor.tunnels
-            )
+            session.relay = await self.executor.relay(session.lease, session.egress)
         except SandboxFailure as exc:
             logger.warning("Session %s has no egress relay: %s", session.id, exc)
 
@@ -290,7 +290,7 @@ class SessionRegistry:
         """What a session uses now: workspace bytes and, where the sandbox sees its cgroup, memory bytes."""
         if session.lock.locked():
             return {"workspace_bytes": None, "memory_bytes": None}
-        result = await self.executor.backend.exec(session.lease.ref, ["sh", "-c", _USAGE], timeout=10, output_limit=256)
+        result = await self.executor.inspect(session.lease, ["sh", "-c", _USAGE], timeout=10, output_limit=256)
         values = result.stdout.decode("ascii", errors="replace").split()
         workspace = int(values[0]) * 1024 if values and values[0].isdigit() else None
         memory = int(values[1]) if len(values) > 1 and values[1].isdigit() else None

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 import anyio
 
 from llm_sandbox_mcp.artifacts import mime_type_of
-from llm_sandbox_mcp.backends import RuntimeProbe
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, InvalidRequest, SandboxError
 from llm_sandbox_mcp.images import run_image
@@ -84,9 +83,7 @@ class AppState:
 
     @property
     def files(self) -> Files:
-        from llm_sandbox_mcp.run.files import Files
-
-        return Files(self.settings, self.executor.backend)
+        return self.executor.files()
 
     async def close_now(self) -> None:
         """Remove every sandbox this server made, from outside the lifespan (on a signal)."""
@@ -149,7 +146,7 @@ class AppState:
             truncated=False,
             duration_ms=round((time.monotonic() - job.live.started) * 1000),
             language=job.language,
-            backend=self.executor.backend.name,
+            backend=self.executor.engine,
             phase="run",
             session_id=job.session_id,
             interpreter_lost=False,
@@ -194,10 +191,7 @@ class AppState:
         """Why `lang` cannot run here, or None."""
         if self.failure is not None:
             return self.failure
-        backend = self.running.backend if self.running is not None else None
-        if isinstance(backend, RuntimeProbe):
-            return backend.missing_runtime(lang.version_argv[0])
-        return None
+        return self.running.missing_runtime(lang) if self.running is not None else None
 
     def _language_info(self, lang: Language) -> LanguageInfo:
         missing = self._missing(lang)
@@ -212,7 +206,7 @@ class AppState:
         )
 
     def languages(self) -> LanguagesResult:
-        backend = self.running.backend.name if self.running is not None else self.settings.backend
+        backend = self.running.engine if self.running is not None else self.settings.backend
         return LanguagesResult(languages=[self._language_info(lang) for lang in LANGUAGES.values()], backend=backend)
 
     async def language_details(self, name: str) -> LanguageDetails:
@@ -222,8 +216,7 @@ class AppState:
         missing = self._missing(lang)
         if missing is not None:
             raise SandboxError(f"{lang.title} is not available on this server: {missing}")
-        await executor.images.prepare(lang.name)
-        image = executor.images.image(lang.name)
+        image = await executor.image_of(lang)
         if image not in self.versions:
             self.versions[image] = await executor.probe(lang)
         version, libraries = self.versions[image]

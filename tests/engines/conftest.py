@@ -34,7 +34,7 @@ import anyio
 import pytest
 
 from llm_sandbox_mcp import images
-from llm_sandbox_mcp.backends import Backend, SandboxProcess, load_backend
+from llm_sandbox_mcp.backends import Backend, SandboxProcess, TemplateContainers, load_backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxError
 from llm_sandbox_mcp.languages import LANGUAGES
@@ -178,6 +178,9 @@ class RecordingBackend:
         self.inner = inner
         self.name = inner.name
         self.install_network = inner.install_network
+        # Forks on the inner engine's zygote template containers (an inner TemplateHost's templates are not
+        # reachable through this wrapper: on bubblewrap its calls take the pool, as they always have).
+        self.template_containers = isinstance(inner, TemplateContainers) and inner.template_containers
         self.argvs: list[list[str]] = []
         self._watched: list[tuple[str, anyio.Event]] = []
 

@@ -14,7 +14,9 @@ from mcp_types import CallToolResult, ImageContent, TextContent
 
 from llm_sandbox_mcp.languages import get_language
 from llm_sandbox_mcp.models import Live
-from llm_sandbox_mcp.run.executor import Executor, Lease
+from llm_sandbox_mcp.run.executor import Executor
+from llm_sandbox_mcp.run.leases import Lease
+from llm_sandbox_mcp.run.modes import OneShot
 from llm_sandbox_mcp.run.sessions import SessionRegistry
 from llm_sandbox_mcp.server.app import build_server
 from tests.engines.conftest import RecordingBackend, engine_settings
@@ -38,7 +40,7 @@ async def _cancel_after_output(executor: Executor, lease: Lease, code: str, lang
     live = Live()
     with anyio.fail_after(60):  # far below the run's own 120 s: only the cancellation can end it in time
         async with anyio.create_task_group() as tasks:
-            tasks.start_soon(executor.run, lease, program, None, live)
+            tasks.start_soon(executor.run, lease, program, OneShot(), live)
             await live.wait_for_output()
             tasks.cancel_scope.cancel()
 
@@ -72,7 +74,7 @@ async def test_a_cancelled_run_without_a_warm_interpreter_is_killed_from_outside
     try:
         with anyio.fail_after(60):  # the exec would otherwise hold on for its 120 s timeout
             async with anyio.create_task_group() as tasks:
-                tasks.start_soon(executor.run, lease, program)
+                tasks.start_soon(executor.run, lease, program, OneShot())
                 while "node" not in await _survivors(backend, lease):  # seen running from the engine's side
                     pass
                 tasks.cancel_scope.cancel()
@@ -98,7 +100,7 @@ async def test_output_of_a_language_without_a_warm_interpreter_arrives_while_it_
     try:
         with anyio.fail_after(60):
             async with anyio.create_task_group() as tasks:
-                tasks.start_soon(executor.run, lease, program, None, live)
+                tasks.start_soon(executor.run, lease, program, OneShot(), live)
                 await live.wait_for_output()
                 first, _, _ = live.since(0)
                 assert first == b"first line\n"  # while the program still runs: it has not printed "done"

@@ -21,8 +21,10 @@ from llm_sandbox_mcp.backends._bubblewrap import BubblewrapBackend
 from llm_sandbox_mcp.backends._daemonless.host import state_root
 from llm_sandbox_mcp.languages import get_language
 from llm_sandbox_mcp.models import Execution, Limits, Live, SandboxSpec
-from llm_sandbox_mcp.run import zygote
-from llm_sandbox_mcp.run.executor import Executor
+from llm_sandbox_mcp.run.executor import Executor, Program
+from llm_sandbox_mcp.run.leases import Lease
+from llm_sandbox_mcp.run.modes import RunMode
+from llm_sandbox_mcp.run.zygote import templates as zygote_templates
 from llm_sandbox_mcp.seccomp.bpf import FILTER
 from tests.engines import test_contract as contract
 from tests.engines.conftest import engine_settings, require
@@ -50,7 +52,7 @@ async def zygote_executor(request: pytest.FixtureRequest, ahead: int) -> AsyncGe
             yield executor
             if "uses_the_pool" not in request.node.name:
                 # Every call of the test ran in a child: none fell back to the pool.
-                assert executor.zygotes.served > 0 and not executor.zygotes.unavailable
+                assert executor.zygote.policy.served > 0 and not executor.zygote.policy.unavailable
     finally:
         await backend.aclose()
 
@@ -69,7 +71,7 @@ async def forked(executor: Executor, code: str, timeout: float = 30, live: Live 
         live,
     )
     assert "not a zygote child" not in result.stderr, result.stderr
-    assert not executor.zygotes.unavailable
+    assert not executor.zygote.policy.unavailable
     return result
 
 
@@ -77,6 +79,24 @@ def probed(result: Execution) -> dict[str, object]:
     assert result.exit_code == 0, result.stderr
     value: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
     return value
+
+
+async def test_a_forked_call_runs_through_the_executors_one_run(executor: Executor) -> None:
+    # The one seam: a call forked from a template is run by Executor.run, as a pooled call or a session's cell is,
+    # in a lease on the template's sandbox that is a child of its own.
+    leases: list[Lease] = []
+    run = executor.run
+
+    async def recording(lease: Lease, program: Program, mode: RunMode, live: Live | None = None) -> Execution:
+        leases.append(lease)
+        return await run(lease, program, mode, live)
+
+    executor.run = recording
+    assert (await forked(executor, "print(6 * 7)")).stdout == "42\n"
+    [lease] = leases
+    assert lease.child and lease.forked
+    templates = executor.zygote.templates._templates  # pyright: ignore[reportPrivateUsage]
+    assert lease.ref in [template.ref for template in templates.values()]
 
 
 async def test_each_call_starts_clean(executor: Executor) -> None:
@@ -211,13 +231,13 @@ async def test_user_code_is_locked_down(executor: Executor) -> None:
         "cgroupfs": False,
     }
     # Signalling everything it can reach reaches nothing outside its own call: the template still serves.
-    templates = dict(executor.zygotes._templates)  # pyright: ignore[reportPrivateUsage]
+    templates = dict(executor.zygote.templates._templates)  # pyright: ignore[reportPrivateUsage]
     await forked(executor, "import signal\nos.kill(-1, signal.SIGKILL)\n")
     after = await forked(executor, "print('still here')")
     assert after.stdout == "still here\n"
-    assert executor.zygotes._templates == templates  # pyright: ignore[reportPrivateUsage]
+    assert executor.zygote.templates._templates == templates  # pyright: ignore[reportPrivateUsage]
     python = get_language("python")
-    assert (await executor.zygotes.check(python, executor.spec_for(python))).startswith("works")
+    assert (await executor.check_zygote(python)).startswith("works")
 
 
 def pids_cgroup(pid: int) -> tuple[str, str]:
@@ -280,22 +300,22 @@ async def test_a_host_where_children_cannot_be_made_uses_the_pool(
     monkeypatch.setattr(_bubblewrap, "TEMPLATE_FILTER", FILTER)
     result = await executor.execute("import os\nprint(os.getppid() == 1)")
     assert result.exit_code == 0 and result.stdout == "False\n", result.stderr
-    [reason] = executor.zygotes.unavailable.values()
+    [reason] = executor.zygote.policy.unavailable.values()
     assert "unshare" in reason
     assert (await executor.execute("print(1)")).stdout == "1\n"
     python = get_language("python")
-    assert (await executor.zygotes.check(python, executor.spec_for(python))).startswith("not used")
+    assert (await executor.check_zygote(python)).startswith("not used")
 
 
 async def test_children_kept_ready_under_load_go_back_to_the_pool_size_when_idle(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(zygote, "IDLE_SECONDS", 1.0)
+    monkeypatch.setattr(zygote_templates, "IDLE_SECONDS", 1.0)
     async with zygote_executor(request, 1) as executor:
         async with anyio.create_task_group() as calls:
             for _ in range(4):  # one finds the child forked ahead, the others none: more are kept ready
                 calls.start_soon(forked, executor, "import time\ntime.sleep(1)\n")
-        [template] = executor.zygotes._templates.values()  # pyright: ignore[reportPrivateUsage]
+        [template] = executor.zygote.templates._templates.values()  # pyright: ignore[reportPrivateUsage]
         assert template.ahead > 1
         with anyio.fail_after(30):
             while template.ahead > 1 or len(template.ready) > 1:  # noqa: ASYNC110

@@ -19,8 +19,10 @@ import pytest
 
 from llm_sandbox_mcp.backends import load_backend
 from llm_sandbox_mcp.models import Execution, Live, SandboxRef
-from llm_sandbox_mcp.run.executor import Cell, Executor, Lease, Program
-from llm_sandbox_mcp.run.forking import MASKED, READ_ONLY
+from llm_sandbox_mcp.run.executor import Executor, Program
+from llm_sandbox_mcp.run.leases import Lease
+from llm_sandbox_mcp.run.modes import RunMode
+from llm_sandbox_mcp.run.zygote.containers import MASKED, READ_ONLY
 from llm_sandbox_mcp.seccomp import oci
 from tests.engines.conftest import engine_settings, require
 
@@ -45,11 +47,9 @@ class Recorded:
         self.containers: list[SandboxRef] = []
         run = executor.run
 
-        async def recording(
-            lease: Lease, program: Program, cell: Cell | None = None, live: Live | None = None, cached: bool = True
-        ) -> Execution:
+        async def recording(lease: Lease, program: Program, mode: RunMode, live: Live | None = None) -> Execution:
             self.containers.append(lease.ref)
-            return await run(lease, program, cell, live, cached)
+            return await run(lease, program, mode, live)
 
         executor.run = recording
 
@@ -59,7 +59,7 @@ class Recorded:
             "import os\nassert os.getppid() == 1, 'not a forked call'\n" + code, timeout=timeout
         )
         assert "not a forked call" not in result.stderr, result.stderr
-        assert self.executor.forks.unavailable == {}
+        assert self.executor.zygote.policy.unavailable == {}
         return result
 
 
@@ -142,7 +142,7 @@ async def test_consecutive_calls_in_the_same_container_share_nothing(
             }}))
         """)
         second = probed(await run.forked(look))
-        calls = run.executor.forks.served
+        calls = run.executor.zygote.policy.served
         assert run.containers[0].id == run.containers[1].id, "the second call did not reuse the container"
         assert second["files"] == [] and second["queues"] == [] and second["shm"] == -1
         assert second["env"] is False and second["memory"] is False
@@ -231,7 +231,7 @@ async def test_abnormal_calls_end_and_retire_their_container(request: pytest.Fix
             assert after.exit_code == 0 and after.stdout == "next\n", (name, after.stderr)
             # The call after an abnormal one ran in another container: the abnormal call's was not reused.
             assert run.containers[-1].id != run.containers[-2].id, name
-        assert run.executor.forks.served == 2 * len(ABNORMAL) + 1
+        assert run.executor.zygote.policy.served == 2 * len(ABNORMAL) + 1
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -245,8 +245,8 @@ async def test_a_template_whose_children_cannot_unshare_falls_back_to_the_pool(
         for _ in range(2):
             result = await run.executor.execute("import os\nprint(os.getppid() != 1)")
             assert result.exit_code == 0 and result.stdout == "True\n", result.stderr
-        reasons = list(run.executor.forks.unavailable.values())
+        reasons = list(run.executor.zygote.policy.unavailable.values())
         assert len(reasons) == 1 and "unshare" in reasons[0] and "Operation not permitted" in reasons[0]
-        assert run.executor.forks.served == 0
+        assert run.executor.zygote.policy.served == 0
         python = run.executor.program("", "python", [], None).language
         assert (await run.executor.check_zygote(python)).startswith("not used, calls take the pool: ")

@@ -35,7 +35,7 @@ async def executor(request: pytest.FixtureRequest, engine: str) -> AsyncIterator
     async with container_executor(request, engine, pool_size=1) as executor:
         yield executor
         # Every call of the test ran in a template container's child: none fell back to the pool.
-        assert executor.forks.served > 0 and not executor.forks.unavailable
+        assert executor.zygote.policy.served > 0 and not executor.zygote.policy.unavailable
 
 
 test_a_disk_bomb_stops_at_the_workspace_and_tmp_sizes = bombs.test_a_disk_bomb_stops_at_the_workspace_and_tmp_sizes

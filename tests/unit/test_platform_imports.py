@@ -55,9 +55,9 @@ POSIX_ONLY = {
 
 # Uses in checked modules that only a Linux-only engine reaches at run time, and what makes that so.
 LINUX_ENGINES_ONLY = {
-    "llm_sandbox_mcp/run/zygote.py": (
+    "llm_sandbox_mcp/run/zygote/templates.py": (
         {"socket.AF_UNIX", "socket.SOCK_SEQPACKET", "socket.send_fds"},
-        "zygote templates run on bubblewrap only: `Zygotes._host` is None unless the backend is a TemplateHost",
+        "zygote templates run on bubblewrap only: `ZygoteTemplates._host` is None unless the backend is a TemplateHost",
     ),
 }
 

@@ -15,11 +15,12 @@ import pytest
 
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.languages import get_language, runner_source
-from llm_sandbox_mcp.models import ExecResult, Limits, Live, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.models import ExecResult, Limits, SandboxRef, SandboxSpec
 from llm_sandbox_mcp.run.budget import MemoryBudget
-from llm_sandbox_mcp.run.forking import Forks
 from llm_sandbox_mcp.run.kernel import Kernel, KernelDied, ProtocolError, encode_frame
-from llm_sandbox_mcp.run.zygote import Zygotes
+from llm_sandbox_mcp.run.zygote.containers import ContainerKernels
+from llm_sandbox_mcp.run.zygote.policy import ZygotePolicy
+from llm_sandbox_mcp.run.zygote.templates import ZygoteTemplates
 from tests.support.host_runners import HostRunners
 
 pytestmark = [
@@ -145,22 +146,30 @@ async def test_the_supervisor_does_not_keep_time_so_the_server_kills(host: HostR
 
 
 async def test_bubblewrap_zygote_children_run_one_call_each(host: HostRunners) -> None:
-    async with Zygotes(Settings(sandbox_pool_size=0), host, MemoryBudget(2**40)) as zygotes:
-        python = get_language("python")
-        first = await zygotes.run(python, SPEC, WRITES + "import os\nprint(os.getpid(), os.getcwd())", 20, Live())
-        assert first is not None, zygotes.unavailable
+    settings = Settings(sandbox_pool_size=0)
+    policy = ZygotePolicy(settings, host)
+    python = get_language("python")
+    async with ZygoteTemplates(settings, host, MemoryBudget(2**40), policy) as templates:
+
+        async def call(code: str, timeout: float = 20) -> ExecResult:
+            loan = await templates.lend(python, SPEC)  # a child of the template, lent for this one run
+            assert loan is not None and loan.lease.kernel is not None, policy.unavailable
+            try:
+                return await run(loan.lease.kernel, code, timeout=timeout, workdir="/workspace")
+            finally:
+                await loan.release(None)
+
+        first = await call(WRITES + "import os\nprint(os.getpid(), os.getcwd())")
         assert (first.exit_code, first.stdout, files(first)) == (0, b"2 /workspace\n", {"a.txt": b"made"})
-        second = await zygotes.run(
-            python, SPEC, "import os\nprint(sorted(os.listdir(os.environ['OUTPUT_DIR'])))", 20, Live()
-        )
-        assert second is not None and second.stdout == b"[]\n"  # a fresh child: nothing of the first call
-        timed = await zygotes.run(python, SPEC, WRITES + "import time\ntime.sleep(600)", 1, Live())
-        assert timed is not None and (timed.exit_code, timed.timed_out, files(timed)) == (137, True, {"a.txt": b"made"})
-        assert zygotes.served == 3 and not any(cgroup.killed for cgroup in host.cgroups)
+        second = await call("import os\nprint(sorted(os.listdir(os.environ['OUTPUT_DIR'])))")
+        assert second.stdout == b"[]\n"  # a fresh child: nothing of the first call
+        timed = await call(WRITES + "import time\ntime.sleep(600)", timeout=1)
+        assert (timed.exit_code, timed.timed_out, files(timed)) == (137, True, {"a.txt": b"made"})
+        assert policy.served == 3 and not any(cgroup.killed for cgroup in host.cgroups)
 
 
 async def test_a_template_containers_kernel_serves_calls_one_child_at_a_time(host: HostRunners) -> None:
-    config = Forks(Settings(), "docker").config(SPEC.limits)
+    config = ContainerKernels(Settings(), ZygotePolicy(Settings(), host)).config(SPEC.limits)
     kernel = await Kernel.start(host, ref("template"), {}, preload=False, forks=config)
     await kernel.next_call(10)  # the first call's child: its own hello
     result = await run(kernel, WRITES + "import os\nprint(os.getpid())", workdir="/workspace")

@@ -7,6 +7,7 @@ sandbox's processes are killed, as a Docker exec whose start never returns does 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import PurePosixPath
 
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.anyio
 class HungEngine:
     name = "hung"
     install_network = "none"
+    template_containers = False
 
     def __init__(self) -> None:
         self.killed = threading.Event()
@@ -113,4 +115,52 @@ async def test_a_call_cancelled_before_its_thread_took_it_up_returns_at_once_and
             await backend.exec(ref, ["sleep", "1000"], timeout=300)
     await anyio.sleep(0.2)  # a thread that had taken the call up would have run it by now
     assert engine.calls == 0
+    await backend.aclose()
+
+
+class _Process:
+    """A started process whose streams are open until closed."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def send(self, data: bytes) -> None:
+        return None
+
+    async def receive(self, timeout: float) -> bytes | None:
+        return None
+
+    def stderr_tail(self) -> bytes:
+        return b""
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class SlowStartEngine(HungEngine):
+    """An engine whose start takes a while (as a busy engine's attach does) and then succeeds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started: list[_Process] = []
+        self.starting = threading.Event()
+
+    def start(self, ref: SandboxRef, argv: list[str], env: dict[str, str], workdir: PurePosixPath) -> SandboxProcess:
+        self.starting.set()
+        time.sleep(0.5)
+        self.started.append(_Process())
+        return self.started[-1]
+
+
+async def test_a_process_started_for_a_caller_cancelled_meanwhile_is_closed_not_dropped() -> None:
+    engine = SlowStartEngine()
+    backend = Threaded(engine)
+    ref = await backend.create(SandboxSpec("img", Limits()))
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(backend.start, ref, ["python3"])
+            await anyio.to_thread.run_sync(engine.starting.wait)
+            tasks.cancel_scope.cancel()
+    [process] = engine.started
+    assert process.closed, "the process the engine started after its caller was cancelled still has open streams"
     await backend.aclose()

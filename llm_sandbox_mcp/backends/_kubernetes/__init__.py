@@ -67,6 +67,8 @@ class KubernetesEngine:
     # Installers and sessions given hosts stay under the deny-all NetworkPolicy like every other pod: the relay's
     # connections reach the proxy through a tunnel over the relay's exec stream, as on every engine.
     install_network = EGRESS_NETWORK
+    # A pod cannot be a zygote template container (no unmasked /proc for its children).
+    template_containers = False
 
     def __init__(
         self,

@@ -86,6 +86,8 @@ class PodmanEngine:
 
     name = "podman"
     install_network = EGRESS_NETWORK  # network none; the tunnel to the egress proxy is the only way out
+    # `spec.forks` makes a zygote template container (the template seccomp variant, unmask=ALL).
+    template_containers = True
 
     def __init__(self, sockets: Sequence[Candidate]) -> None:
         self._sockets = list(sockets)

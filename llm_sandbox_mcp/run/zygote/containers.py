@@ -24,15 +24,20 @@ import json
 import logging
 from dataclasses import replace
 
+import anyio
+
+from llm_sandbox_mcp.backends import Backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxFailure
 from llm_sandbox_mcp.languages import Language
-from llm_sandbox_mcp.models import Execution, Limits, SandboxSpec
-from llm_sandbox_mcp.run.zygote import isolation_config
+from llm_sandbox_mcp.models import Execution, Limits, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.run.kernel import Kernel, SandboxRefused
+from llm_sandbox_mcp.run.leases import Lease, Loan, WarmKey
+from llm_sandbox_mcp.run.pool import Pool
+from llm_sandbox_mcp.run.zygote.policy import ZygotePolicy, isolation_config
 
 logger = logging.getLogger(__name__)
 
-ENGINES = ("docker", "podman")
 # How long a used template container may take to have its next call's sandbox ready.
 READY_SECONDS = 10.0
 # What Docker or Podman mask by default (their union, and /proc/interrupts): files behind /dev/null,
@@ -50,30 +55,12 @@ class ForksUnavailable(SandboxFailure):
     """A template container's children cannot make their sandboxes here: calls of this kind take the pool."""
 
 
-class Forks:
-    """Which one-shot calls run in template containers, and the kinds that cannot here (and why)."""
+class ContainerKernels:
+    """A template container's kernel: started with the isolation config, and ready for its next call."""
 
-    def __init__(self, settings: Settings, engine: str) -> None:
+    def __init__(self, settings: Settings, policy: ZygotePolicy) -> None:
         self._settings = settings
-        self.enabled = settings.sandbox_zygote and engine in ENGINES
-        self.unavailable: dict[SandboxSpec, str] = {}
-        # Calls served by a template container's child, and how many a container served before it went back.
-        self.served = 0
-        self.recycled = 0
-
-    def spec(self, language: Language, spec: SandboxSpec) -> SandboxSpec:
-        """The sandbox a one-shot call of this kind takes: a template container where one can serve it."""
-        writable_cache = spec.cache is not None and spec.cache.writable
-        if not self.enabled or language.name != "python" or writable_cache or spec.egress or spec in self.unavailable:
-            return spec
-        return replace(spec, forks=True)
-
-    def mark(self, spec: SandboxSpec, reason: str) -> None:
-        """Calls of this kind take the pool from now on (logged once)."""
-        plain = replace(spec, forks=False)
-        if plain not in self.unavailable:
-            logger.warning("Python calls use the warm pool instead of a zygote template container: %s", reason)
-        self.unavailable[plain] = reason
+        self._policy = policy
 
     def config(self, limits: Limits) -> str:
         """The template kernel's config (runners/python_isolation.py)."""
@@ -84,6 +71,22 @@ class Forks:
             "read_only": list(READ_ONLY),
         }
         return json.dumps(config)
+
+    async def start(self, backend: Backend, ref: SandboxRef, env: dict[str, str]) -> Kernel:
+        """The kernel of a new template container, its first call's sandbox ready. Raises ForksUnavailable (and
+        sends this kind to the pool from now on) when the child could not make its sandbox here."""
+        # A template container serves many calls: its children inherit the imports, so they are always made.
+        kernel = await Kernel.start(backend, ref, env, preload=True, forks=self.config(ref.spec.limits))
+        try:
+            await kernel.next_call(READY_SECONDS)
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await kernel.aclose()
+            if isinstance(exc, SandboxRefused):
+                self._policy.mark(ref.spec, str(exc))
+                raise ForksUnavailable(str(exc)) from exc
+            raise
+        return kernel
 
     def reusable(self, spec: SandboxSpec, execution: Execution, calls: int, kernel_alive: bool) -> bool:
         """Whether a template container may serve another call after this one: only after a clean one."""
@@ -98,11 +101,51 @@ class Forks:
             and calls < self._settings.sandbox_zygote_reuse
         )
 
-    def status(self, spec: SandboxSpec, ran: bool) -> str:
-        """For `doctor`: whether Python one-shot calls run in template containers' children here, or why not."""
-        plain = replace(spec, forks=False)
-        if plain in self.unavailable:
-            return f"not used, calls take the pool: {self.unavailable[plain]}"
-        if not ran:
-            return "the check did not run in a template container's child (see the log); calls still try them"
-        return "works: Python one-shot calls run in fresh sandboxes forked inside template containers"
+
+class ContainerTemplates:
+    """The container flavour as a source: template containers kept in the warm pool, lent to one call at a time
+    and taken back (`Pool.recycle`) once ready for the next."""
+
+    def __init__(self, pool: Pool[WarmKey, Lease], kernels: ContainerKernels, policy: ZygotePolicy) -> None:
+        self._pool = pool
+        self._kernels = kernels
+        self._policy = policy
+
+    def warm(self, language: Language, spec: SandboxSpec) -> None:
+        self._pool.warm(WarmKey(language.name, replace(spec, forks=True)))
+
+    async def lend(self, language: Language, spec: SandboxSpec) -> Loan | None:
+        """A template container for one call, or None (the call then takes the pool; it never fails for this)."""
+        key = WarmKey(language.name, replace(spec, forks=True))
+        try:
+            lease = await self._pool.acquire(key, lend=True)
+        except ForksUnavailable:
+            return None
+        except SandboxFailure as exc:
+            logger.info("No zygote template container for this call (%s); it takes the pool", exc)
+            return None
+
+        async def give_back(execution: Execution | None) -> None:
+            if execution is not None:
+                lease.calls += 1
+                self._policy.served += 1
+                kernel = lease.kernel
+                alive = kernel is not None and kernel.alive and not kernel.collect_outside
+                if self._kernels.reusable(lease.ref.spec, execution, lease.calls, alive):
+                    await self._pool.recycle(key, lease, self._ready_again)
+                    return
+            await self._pool.release(lease, key)
+
+        return Loan(lease, give_back)
+
+    async def _ready_again(self, lease: Lease) -> bool:
+        """Whether a template container's kernel has the next call's sandbox ready (the last call's processes
+        all gone)."""
+        if lease.kernel is None:
+            return False
+        try:
+            await lease.kernel.next_call(READY_SECONDS)
+        except SandboxFailure as exc:
+            logger.info("A zygote template container is not reused: %s", exc)
+            return False
+        return True

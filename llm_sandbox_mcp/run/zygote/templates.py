@@ -1,4 +1,4 @@
-"""Fresh Python sandboxes at the cost of a fork (SANDBOX_ZYGOTE, bubblewrap only).
+"""The zygote's template flavour (a `TemplateHost`: bubblewrap): fresh Python sandboxes at the cost of a fork.
 
 A *template* per sandbox kind (image, limits, libraries) is one bubblewrap sandbox whose Python process (the
 zygote, runners/python_zygote.py) has paid the interpreter start and the kernel's imports. Per call the server
@@ -10,8 +10,9 @@ the request, after which the child drops every capability, applies the strict se
 filter and runs the code with the kernel's frame protocol. Timeouts, floods and cancellation kill the
 call's cgroup from outside.
 
-Where it cannot work (another backend, a host without nested user namespaces, a template that does not
-start), calls take the warm pool as before: the reason is logged once per sandbox kind and `doctor` says it.
+Each call's child is lent as a lease (`ZygoteTemplates.lend`) and runs through the executor's one run like
+any other sandbox. Where it cannot work (a host without nested user namespaces, a template that does not
+start), calls take the warm pool: the reason is logged once per sandbox kind and `doctor` says it.
 """
 
 from __future__ import annotations
@@ -19,28 +20,27 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import socket
 import struct
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
 
 import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
-from llm_sandbox_mcp.backends import Backend, SandboxProcess
+from llm_sandbox_mcp.backends import Backend, ChildCgroup, TemplateHost
 from llm_sandbox_mcp.background import TaskOwner
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxError, SandboxFailure
 from llm_sandbox_mcp.languages import Language, runner_source
-from llm_sandbox_mcp.models import WORKDIR, ExecResult, Limits, Live, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.models import Execution, SandboxRef, SandboxSpec
 from llm_sandbox_mcp.run.budget import MemoryBudget
 from llm_sandbox_mcp.run.environment import run_env
-from llm_sandbox_mcp.run.kernel import Kernel, drop_uncollected_files, encode_frame
+from llm_sandbox_mcp.run.kernel import Kernel, encode_frame
+from llm_sandbox_mcp.run.leases import Lease, Loan
 from llm_sandbox_mcp.run.pool import IDLE_SECONDS
+from llm_sandbox_mcp.run.zygote.policy import Flavour, ZygotePolicy, isolation_config
 
 logger = logging.getLogger(__name__)
 
@@ -48,42 +48,6 @@ _HELLO_SECONDS = 10.0
 _MAX_TEMPLATES = 4
 _CREDENTIALS = struct.Struct("iII")  # struct ucred: pid, uid, gid
 _MAX_HELLO = 4096
-
-
-def isolation_config(settings: Settings, limits: Limits, rlimits: Mapping[str, int]) -> dict[str, object]:
-    """What runners/python_isolation.py gives each child sandbox: tmpfs sizes, the strict seccomp filter, these
-    rlimits, and a CPU limit. Children wait for their call with it already set, so it is the longest timeout
-    allowed; the call's own timeout is kept by its kernel, and from outside."""
-    from llm_sandbox_mcp.seccomp.bpf import FILTER
-
-    return {
-        "workspace": limits.workspace_bytes,
-        "tmp": limits.tmp_bytes,
-        "seccomp": FILTER.hex(),
-        "rlimits": dict(rlimits),
-        "cpu": math.ceil(settings.sandbox_max_timeout) + 1,
-    }
-
-
-class ChildCgroup(Protocol):
-    """The cgroup a zygote child runs in (blocking calls: run in a worker thread)."""
-
-    def kill(self) -> None: ...
-
-    def remove(self) -> None: ...
-
-
-@runtime_checkable
-class TemplateHost(Protocol):
-    """A backend that can run zygote templates (bubblewrap)."""
-
-    async def start_template(
-        self, ref: SandboxRef, argv: Sequence[str], env: Mapping[str, str], control_fd: int, calls: int
-    ) -> SandboxProcess: ...
-
-    async def child_cgroup(self, ref: SandboxRef) -> ChildCgroup: ...
-
-    async def confine_child(self, ref: SandboxRef, pid: int, cgroup: ChildCgroup) -> None: ...
 
 
 class ChildUnavailable(SandboxFailure):
@@ -199,22 +163,21 @@ class Template:
     used: float = field(default_factory=time.monotonic)
 
 
-class Zygotes(TaskOwner):
-    """The templates of this server, one per sandbox kind, with the calls they fork. Use as an async context
-    manager: children are forked ahead and used cgroups removed in the background, templates at the end."""
+class ZygoteTemplates(TaskOwner):
+    """The templates of this server, one per sandbox kind, lending the children they fork (a `SandboxSource`).
+    Use as an async context manager: children are forked ahead and used cgroups removed in the background,
+    templates at the end."""
 
-    def __init__(self, settings: Settings, backend: Backend, budget: MemoryBudget) -> None:
+    def __init__(self, settings: Settings, backend: Backend, budget: MemoryBudget, policy: ZygotePolicy) -> None:
         self._settings = settings
         self._backend = backend
-        self._host = backend if settings.sandbox_zygote and isinstance(backend, TemplateHost) else None
+        self._host = backend if policy.flavour is Flavour.TEMPLATE and isinstance(backend, TemplateHost) else None
         self._budget = budget
+        self._policy = policy
         # Like the pool's: how many sandboxes of a kind are ready before a call needs one.
         self._ahead = settings.sandbox_pool_size
         self._templates: dict[SandboxSpec, Template] = {}
         self._locks: dict[SandboxSpec, anyio.Lock] = {}
-        # Sandbox kinds no template can serve here, and why; how many calls children ran.
-        self.unavailable: dict[SandboxSpec, str] = {}
-        self.served = 0
         # After this long without a call, a template that keeps more children ready than it started with
         # goes back to SANDBOX_POOL_SIZE, as the pool does.
         self.idle = IDLE_SECONDS
@@ -242,81 +205,65 @@ class Zygotes(TaskOwner):
                     removals.start_soon(self._remove, template)
             self._templates.clear()
 
-    def serves(self, language: Language, spec: SandboxSpec) -> bool:
-        """Whether calls of this kind go to a template (when it works here)."""
-        read_only_cache = spec.cache is None or not spec.cache.writable
-        return (
-            self._host is not None
-            and language.name == "python"
-            and read_only_cache
-            and not spec.egress
-            and spec not in self.unavailable
-        )
-
     def warm(self, language: Language, spec: SandboxSpec) -> None:
-        if self.serves(language, spec) and self._tasks is not None:
+        if self._host is not None and self._tasks is not None:
             self._tasks.start_soon(self._template, language, spec)
 
-    async def check(self, language: Language, spec: SandboxSpec) -> str:
-        """For `doctor`: whether calls of this kind run in zygote children here, or why not."""
+    async def lend(self, language: Language, spec: SandboxSpec) -> Loan | None:
+        """A fresh child of the kind's template, in its own cgroup and waiting for its one request, lent as a
+        lease on the template's sandbox; None when no template can give one (the call then takes the pool)."""
         if self._host is None:
-            return f"not used: BACKEND={self._backend.name} has no zygote (bubblewrap only)"
-        result = await self.run(language, spec, "print(1)", 30, Live())
-        if result is None:
-            return f"not used, calls take the pool: {self.unavailable.get(spec, 'the template is not available')}"
-        if result.exit_code != 0 or result.stdout != b"1\n":
-            return f"a child's run failed (exit {result.exit_code}); calls still use it"
-        return "works: Python one-shot calls run in children of a template"
-
-    async def run(
-        self, language: Language, spec: SandboxSpec, code: str, timeout: float, live: Live
-    ) -> ExecResult | None:
-        """Run a one-shot program in a fresh child of the kind's template, or None when no template can."""
-        if not self.serves(language, spec):
             return None
         template = await self._template(language, spec)
         if template is None:
             return None
+        charge = spec.limits.memory_bytes
         template.running += 1
         try:
-            return await self._run_in_child(language, template, code, timeout, live)
-        finally:
-            template.running -= 1
-            template.used = time.monotonic()
-
-    async def _run_in_child(
-        self, language: Language, template: Template, code: str, timeout: float, live: Live
-    ) -> ExecResult | None:
-        spec = template.spec
-        with self._budget.held(spec.limits.memory_bytes, "a sandbox"):
-            child = await self._take(template)
-            if child is None:
-                if 0 < template.ahead < self._settings.sandbox_max_concurrency:
-                    template.ahead = min(self._settings.sandbox_max_concurrency, template.ahead * 2)
-                try:
-                    child = await self._fork(template)
-                except ChildUnavailable as exc:
-                    await self._give_up(template, exc)
-                    return None
-            self._refill(template)
-            self.served += 1
+            self._budget.reserve(charge, "a sandbox")
             try:
-                result = await child.kernel.run(
-                    code,
-                    mode="fork",
-                    echo=False,
-                    filename=str(WORKDIR / language.file_name),
-                    timeout=timeout,
-                    output_limit=self._settings.sandbox_output_limit,
-                    artifact_limit=self._settings.sandbox_artifact_limit,
-                    live=live,
-                )
+                child = await self._child(template)
+            except BaseException:
+                self._budget.release(charge)
+                raise
+        except BaseException:
+            self._ended(template)
+            raise
+        if child is None:
+            self._budget.release(charge)
+            self._ended(template)
+            return None
+        self._policy.served += 1
+        lease = Lease(template.ref, language, kernel=child.kernel, charged=charge, child=True)
+
+        async def give_back(execution: Execution | None) -> None:
+            try:
+                await self._close(child)
             finally:
-                with anyio.CancelScope(shield=True):
-                    await self._close(child)
-        if child.kernel.collect_outside:
-            drop_uncollected_files(result)
-        return result
+                self._budget.release(lease.charged)
+                lease.charged = 0
+                self._ended(template)
+
+        return Loan(lease, give_back)
+
+    async def _child(self, template: Template) -> Child | None:
+        """A child forked ahead, else one forked now; None when the template gave up."""
+        child = await self._take(template)
+        if child is None:
+            if 0 < template.ahead < self._settings.sandbox_max_concurrency:
+                template.ahead = min(self._settings.sandbox_max_concurrency, template.ahead * 2)
+            try:
+                child = await self._fork(template)
+            except ChildUnavailable as exc:
+                await self._give_up(template, exc)
+                return None
+        self._refill(template)
+        return child
+
+    @staticmethod
+    def _ended(template: Template) -> None:
+        template.running -= 1
+        template.used = time.monotonic()
 
     async def _take(self, template: Template) -> Child | None:
         """A child forked ahead that is still waiting, if there is one."""
@@ -335,12 +282,12 @@ class Zygotes(TaskOwner):
                 return template
             if template is not None:
                 await self._drop(template)
-            if spec in self.unavailable:
+            if spec in self._policy.unavailable:
                 return None
             try:
                 template = await self._start(language, spec)
             except SandboxError as exc:
-                self._mark(spec, f"its template did not start: {exc}")
+                self._policy.mark(spec, f"its template did not start: {exc}")
                 return None
             self._templates[spec] = template
             while len(self._templates) > _MAX_TEMPLATES:
@@ -482,14 +429,10 @@ class Zygotes(TaskOwner):
         if not template.in_service:
             return
         if problem.host:
-            self._mark(template.spec, str(problem))
+            self._policy.mark(template.spec, str(problem))
         else:
             logger.info("A Python template is replaced (%s); this call takes the pool", problem)
         await self._drop(template)
-
-    def _mark(self, spec: SandboxSpec, reason: str) -> None:
-        self.unavailable[spec] = reason
-        logger.warning("Python calls use the warm pool instead of a zygote: %s", reason)
 
     async def _drop(self, template: Template) -> None:
         if self._templates.get(template.spec) is template:
