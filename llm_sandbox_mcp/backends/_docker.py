@@ -49,6 +49,7 @@ from llm_sandbox_mcp.models import (
     SandboxSpec,
     captures,
 )
+from llm_sandbox_mcp.proc_masks import MASKED, READ_ONLY
 from llm_sandbox_mcp.seccomp import oci
 from llm_sandbox_mcp.seccomp.oci import ours_applies
 
@@ -161,19 +162,21 @@ class DockerEngine:
         return container_id
 
     def _create(self, options: dict[str, Any], unmasked: bool) -> str:
-        """Create a container from `container_options`; `unmasked`: without the engine's masked and read-only
-        /proc and /sys paths (the CLI's `systempaths=unconfined`, which the SDK has no option for), so that a
-        zygote template's children can mount a /proc of their own; each child masks those paths again."""
+        """Create a container from `container_options` with what the other engines mask of /proc and /sys masked
+        too (Docker's own list lacks /proc/interrupts), or, `unmasked`, with nothing masked or read-only there
+        (the CLI's `systempaths=unconfined`), so that a zygote template's children can mount a /proc of their
+        own; each child masks those paths again. The SDK has no option for either."""
         client = self._docker()
-        if not unmasked:
-            return client.containers.create(**options).id or ""
         # The SDK's own mapping of these options to the API's: private (and not in its type stubs), but the one
         # `containers.create` uses.
         make_arguments: Callable[[dict[str, Any]], dict[str, Any]] = getattr(  # noqa: B009
             _sdk_containers, "_create_container_args"
         )
         arguments = make_arguments({**options, "version": client.api.api_version})
-        arguments["host_config"].update({"MaskedPaths": [], "ReadonlyPaths": []})
+        if unmasked:
+            arguments["host_config"].update({"MaskedPaths": [], "ReadonlyPaths": []})
+        else:
+            arguments["host_config"].update({"MaskedPaths": list(MASKED), "ReadonlyPaths": list(READ_ONLY)})
         return str(client.api.create_container(**arguments)["Id"])
 
     def _prepare_cache(self, spec: SandboxSpec) -> None:

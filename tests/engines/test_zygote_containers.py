@@ -19,10 +19,10 @@ import pytest
 
 from llm_sandbox_mcp.backends import load_backend
 from llm_sandbox_mcp.models import Execution, Live, SandboxRef
+from llm_sandbox_mcp.proc_masks import MASKED, READ_ONLY
 from llm_sandbox_mcp.run.executor import Executor, Program
 from llm_sandbox_mcp.run.leases import Lease
 from llm_sandbox_mcp.run.modes import RunMode
-from llm_sandbox_mcp.run.zygote.containers import MASKED, READ_ONLY
 from llm_sandbox_mcp.seccomp import oci
 from tests.engines.conftest import engine_settings, require
 

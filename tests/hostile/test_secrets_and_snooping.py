@@ -4,12 +4,14 @@ finds nothing; and the server answers the next call."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
+from llm_sandbox_mcp.proc_masks import MASKED
 from llm_sandbox_mcp.run.executor import Executor
 from llm_sandbox_mcp.run.sessions import SessionRegistry
 
@@ -72,6 +74,50 @@ def test_the_look_finds_what_the_host_exposes() -> None:
     done = subprocess.run([sys.executable, "-c", LOOK_EVERYWHERE], capture_output=True, text=True, timeout=60)
     assert "/var/run/docker.sock'" in done.stdout, done
     assert "/run/podman/podman.sock'" in done.stdout, done
+
+
+# What the container engines hide of /proc and /sys (interrupt counts, a known timing side channel, among them):
+# each path there must be empty, in every kind of sandbox on every engine.
+LOOK_AT_MASKED = """
+import json, os, sys
+seen = {}
+for path in json.loads(sys.argv[1]) if len(sys.argv) > 1 else MASKED:
+    try:
+        if os.path.isdir(path):
+            seen[path] = len(os.listdir(path))
+        else:
+            with open(path, "rb") as handle:
+                seen[path] = len(handle.read(4096))
+    except OSError:
+        pass  # out of reach is as good as empty
+print(json.dumps({path: size for path, size in seen.items() if size}))
+"""
+
+
+# Not Kubernetes: a pod spec cannot add masked paths, so what a pod's /proc shows is the cluster runtime's choice.
+@pytest.mark.parametrize(
+    "engine",
+    [pytest.param(e, marks=getattr(pytest.mark, e)) for e in ("docker", "podman", "bubblewrap", "nsjail")],
+)
+async def test_what_the_engines_mask_of_proc_is_empty_in_every_sandbox(
+    executor: Executor, registry: SessionRegistry
+) -> None:
+    code = LOOK_AT_MASKED.replace("MASKED", repr(list(MASKED)))
+    forked = await executor.execute(code, timeout=60)
+    session = await registry.create("python", [])
+    try:
+        cell = await registry.execute(session.id, code, [], 60)
+    finally:
+        await registry.close(session.id)
+    node = (
+        "const fs = require('fs'); const found = [];"
+        f" for (const p of {json.dumps(list(MASKED))}) {{ try {{"
+        " const size = fs.statSync(p).isDirectory() ? fs.readdirSync(p).length"
+        " : fs.readSync(fs.openSync(p, 'r'), Buffer.alloc(4096), 0, 4096, null);"
+        " if (size) found.push(p); } catch (e) {} } console.log(JSON.stringify(found))"
+    )
+    pooled = await executor.execute(node, "javascript", timeout=60)  # a pooled sandbox, no zygote
+    assert (forked.stdout, cell.stdout, pooled.stdout) == ("{}\n", "{}\n", "[]\n"), (forked, cell, pooled)
 
 
 async def test_a_session_cannot_see_another_sessions_processes_files_or_memory(registry: SessionRegistry) -> None:

@@ -56,7 +56,7 @@ def test_the_holder_mounts_only_system_paths_and_size_limited_tmpfs() -> None:
     spec = SandboxSpec("host", Limits(workspace_bytes=1000, tmp_bytes=2000))
     argv = holder_argv(BWRAP, spec, info_fd=5, file_fds={"/etc/passwd": 6}, cache_dir=None)
     sources = {argv[i + 1] for i, arg in enumerate(argv) if arg in ("--bind", "--ro-bind", "--ro-bind-try")}
-    allowed = ("/usr", "/bin", "/sbin", "/lib", "/etc/", "/var/lib/dpkg")
+    allowed = ("/usr", "/bin", "/sbin", "/lib", "/etc/", "/var/lib/dpkg", "/dev/null")  # /dev/null: the /proc masks
     assert all(source.startswith(allowed) for source in sources), sources
     assert not any(source.startswith(("/home", "/root", os.getcwd())) for source in sources)
     assert "/etc/resolv.conf" not in sources and "--share-net" not in argv
@@ -67,7 +67,10 @@ def test_the_holder_mounts_only_system_paths_and_size_limited_tmpfs() -> None:
         "/workspace",
     ]
     assert argv[argv.index("/tmp") - 3 : argv.index("/tmp") + 1] == ["--size", "2000", "--tmpfs", "/tmp"]
-    assert argv[argv.index("--remount-ro") + 1] == "/"
+    remounts = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--remount-ro"]
+    assert remounts[-1] == "/" and all(path.startswith("/proc/") for path in remounts[:-1])
+    if os.path.exists("/proc/interrupts"):
+        assert argv[argv.index("/proc/interrupts") - 2 : argv.index("/proc/interrupts")] == ["--ro-bind", "/dev/null"]
 
 
 def test_only_the_host_network_mode_shares_the_network_and_dns() -> None:

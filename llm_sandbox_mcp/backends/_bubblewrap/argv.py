@@ -24,6 +24,7 @@ from llm_sandbox_mcp.backends._daemonless.argv import (
     nsenter_argv,
 )
 from llm_sandbox_mcp.models import WORKDIR, Limits, SandboxSpec
+from llm_sandbox_mcp.proc_masks import MASKED
 
 
 def system_root() -> list[str]:
@@ -59,6 +60,8 @@ def holder_argv(
     for dest, fd in file_fds.items():
         argv += ["--perms", "0644", "--file", str(fd), dest]
     argv += ["--proc", "/proc"]
+    if not spec.forks:  # a zygote template's children mount a /proc of their own, which masks would forbid
+        argv += _proc_masks()
     # Device nodes for the per-exec bwrap's --dev; without devpts here the holder needs one user namespace only.
     for name in DEVICES:
         argv += ["--dev-bind-try", f"/dev/{name}", f"/dev/{name}"]
@@ -71,6 +74,18 @@ def holder_argv(
     if spec.cache is not None and cache_dir is not None:
         argv += ["--bind" if spec.cache.writable else "--ro-bind", str(cache_dir), str(spec.cache.target)]
     argv += ["--remount-ro", "/", "--chdir", "/", "--", *HOLDER_COMMAND]
+    return argv
+
+
+def _proc_masks() -> list[str]:
+    """What the container engines hide of /proc, hidden in the holder's: files behind /dev/null, directories
+    behind an empty read-only tmpfs (the paths this kernel has)."""
+    argv: list[str] = []
+    for path in (Path(name) for name in MASKED if name.startswith("/proc/")):
+        if path.is_dir():
+            argv += ["--perms", "0555", "--size", "4096", "--tmpfs", str(path), "--remount-ro", str(path)]
+        elif path.exists():
+            argv += ["--ro-bind", "/dev/null", str(path)]
     return argv
 
 

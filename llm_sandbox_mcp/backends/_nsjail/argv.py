@@ -10,6 +10,7 @@ environment and a new session, then executes the command in place (no supervisin
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
@@ -24,6 +25,7 @@ from llm_sandbox_mcp.backends._daemonless.argv import (
 )
 from llm_sandbox_mcp.backends._nsjail.host import Nsjail
 from llm_sandbox_mcp.models import WORKDIR, Limits, SandboxSpec
+from llm_sandbox_mcp.proc_masks import MASKED
 
 # The holder's nsjail gets SIGTERM when the server dies (it then kills the jail: a PID 1 inside ignores it).
 SETPRIV = "/usr/bin/setpriv"
@@ -84,8 +86,23 @@ def holder_argv(
         argv += ["-R", f"{source}:{dest}"]
     if spec.cache is not None and cache_dir is not None:
         argv += ["-B" if spec.cache.writable else "-R", f"{cache_dir}:{spec.cache.target}"]
-    # procfs writable for the per-exec nsjail's uid map of its nested user namespace (as bwrap's --proc).
-    argv += ["--proc_rw", "--cwd", "/", "--seccomp_string", policy, "--", *HOLDER_COMMAND]
+    # procfs writable for the per-exec nsjail's uid map of its nested user namespace (as bwrap's --proc), mounted
+    # here rather than by nsjail's own --proc so that what the container engines hide of it is hidden after it.
+    argv += ["--disable_proc", "-m", "none:/proc:proc:rw", *_proc_masks()]
+    argv += ["--cwd", "/", "--seccomp_string", policy, "--", *HOLDER_COMMAND]
+    return argv
+
+
+def _proc_masks() -> list[str]:
+    """What the container engines hide of /proc: files behind /dev/null, directories behind an empty tmpfs (the
+    paths this kernel has; a file only its owner may read, as /proc/timer_list, is out of the sandbox user's
+    reach anyway, and nsjail could not open it to mount over it)."""
+    argv: list[str] = []
+    for path in (name for name in MASKED if name.startswith("/proc/")):
+        if os.path.isdir(path):
+            argv += ["-m", f"none:{path}:tmpfs:size=4096,mode=0555"]
+        elif os.path.exists(path) and os.stat(path).st_mode & stat.S_IROTH:
+            argv += ["-R", f"/dev/null:{path}"]
     return argv
 
 

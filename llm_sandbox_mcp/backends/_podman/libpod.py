@@ -16,6 +16,7 @@ from typing import Any
 
 from llm_sandbox_mcp.backends._container import CACHE_PREFIX, INIT, oom_score_adj, rlimits
 from llm_sandbox_mcp.models import WORKDIR, SandboxSpec
+from llm_sandbox_mcp.proc_masks import MASKED
 from llm_sandbox_mcp.seccomp.oci import ours_applies
 
 _CPU_PERIOD = 100_000
@@ -110,6 +111,9 @@ def container_spec(spec: SandboxSpec, labels: Mapping[str, str], seccomp_path: s
         # A zygote template: its children mount a /proc of their own, which the kernel refuses under masked
         # /proc paths; each child masks them again in its own mount namespace.
         body["unmask"] = [*body.get("unmask", []), "ALL"]
+    elif "ALL" not in body.get("unmask", []):
+        # Beyond Podman's own list: what Docker masks, and /proc/interrupts.
+        body["mask"] = [*body.get("mask", []), *MASKED]
     if spec.cache is not None:
         options = ["nosuid", "nodev"] + ([] if spec.cache.writable else ["ro"])
         body["volumes"] = [{"Name": CACHE_PREFIX + spec.cache.key, "Dest": str(spec.cache.target), "Options": options}]

@@ -31,6 +31,7 @@ from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxFailure
 from llm_sandbox_mcp.languages import Language
 from llm_sandbox_mcp.models import Execution, Limits, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.proc_masks import MASKED, READ_ONLY
 from llm_sandbox_mcp.run.kernel import Kernel, SandboxRefused
 from llm_sandbox_mcp.run.leases import Lease, Loan, WarmKey
 from llm_sandbox_mcp.run.pool import Pool
@@ -40,15 +41,6 @@ logger = logging.getLogger(__name__)
 
 # How long a used template container may take to have its next call's sandbox ready.
 READY_SECONDS = 10.0
-# What Docker or Podman mask by default (their union, and /proc/interrupts): files behind /dev/null,
-# directories behind an empty read-only tmpfs; then what they make read-only. A template's children do it in
-# their own mount namespace.
-MASKED = (
-    "/proc/acpi", "/proc/asound", "/proc/interrupts", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
-    "/proc/sched_debug", "/proc/scsi", "/proc/timer_list", "/proc/timer_stats", "/sys/dev/block",
-    "/sys/devices/virtual/powercap", "/sys/firmware", "/sys/fs/selinux",
-)  # fmt: skip
-READ_ONLY = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
 
 
 class ForksUnavailable(SandboxFailure):

@@ -23,7 +23,7 @@ import logging
 import socket
 import struct
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import anyio
 import anyio.to_thread
@@ -35,6 +35,7 @@ from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxError, SandboxFailure
 from llm_sandbox_mcp.languages import Language, runner_source
 from llm_sandbox_mcp.models import Execution, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.proc_masks import MASKED
 from llm_sandbox_mcp.run.budget import MemoryBudget
 from llm_sandbox_mcp.run.environment import run_env
 from llm_sandbox_mcp.run.kernel import Kernel, encode_frame
@@ -302,7 +303,8 @@ class ZygoteTemplates(TaskOwner):
         ref: SandboxRef | None = None
         control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            ref = await self._backend.create(spec)
+            # Made to fork: its children mask what the holder would have (`spec.forks`, as a template container's).
+            ref = await self._backend.create(replace(spec, forks=True))
             limits = spec.limits
             # The per-exec rlimits of the backend (`_confine`), which each child sets itself.
             rlimits = {
@@ -311,7 +313,11 @@ class ZygoteTemplates(TaskOwner):
                 "CORE": 0,
                 "NPROC": limits.pids,
             }
-            config = {"control": theirs.fileno(), **isolation_config(self._settings, limits, rlimits)}
+            config = {
+                "control": theirs.fileno(),
+                **isolation_config(self._settings, limits, rlimits),
+                "mask": [path for path in MASKED if path.startswith("/proc/")],
+            }
             argv = [
                 "python3", "-c", runner_source("python_zygote.py"), runner_source("python_kernel.py"),
                 runner_source("python_isolation.py"), json.dumps(config),
