@@ -199,22 +199,6 @@ _STORE_HIDER = (
 )
 
 
-async def test_a_library_that_hides_its_store_from_the_measure_is_still_measured(
-    backend: RecordingBackend, engine: str
-) -> None:
-    name, address = loopback_name()
-    with (
-        tempfile.TemporaryDirectory(prefix="llm-sandbox-store-hider-") as tmp,
-        serve(Path(tmp), address, name) as url,
-    ):
-        package = npm_registry(Path(tmp), str(secrets.randbelow(10**9)), url, postinstall=_STORE_HIDER)
-        settings = engine_settings(engine, sandbox_npm_registry=url, sandbox_cache_max_size=16 * 1024**2)
-        async with Executor(settings, backend) as executor:
-            with anyio.fail_after(120), pytest.raises(InstallFailed, match="above the limit of 16 MiB"):
-                await executor.execute(package.code, "javascript", [package.spec])
-            await still_answers(executor)
-
-
 # A package whose install script writes 64 MiB into the store, then never ends.
 _STORE_FILLER = (
     "node -e \"const fs = require('fs'); for (let i = 0; i < 64; i++) fs.appendFileSync('fill', Buffer.alloc(1 << 20));"
@@ -222,20 +206,28 @@ _STORE_FILLER = (
 )
 
 
+@pytest.mark.parametrize(
+    ("postinstall", "refusal"),
+    [
+        pytest.param(_STORE_FILLER, "was stopped: its store grew past", id="filling-it-and-never-ending"),
+        pytest.param(_STORE_HIDER, "above the limit of 16 MiB", id="hiding-it-from-the-measure"),
+    ],
+)
 async def test_a_library_that_fills_its_store_is_stopped_while_it_installs(
-    backend: RecordingBackend, engine: str
+    backend: RecordingBackend, engine: str, postinstall: str, refusal: str
 ) -> None:
-    """Measured while the install runs, not once it ends: this install would only end at its 600 s timeout."""
+    """The filler is measured while the install runs, not once it ends (it would only end at its 600 s timeout);
+    the hider, which ends, once every process of it is gone and the modes it set are undone."""
     name, address = loopback_name()
     with (
         tempfile.TemporaryDirectory(prefix="llm-sandbox-store-filler-") as tmp,
         serve(Path(tmp), address, name) as url,
     ):
-        package = npm_registry(Path(tmp), str(secrets.randbelow(10**9)), url, postinstall=_STORE_FILLER)
+        package = npm_registry(Path(tmp), str(secrets.randbelow(10**9)), url, postinstall=postinstall)
         settings = engine_settings(
             engine, sandbox_npm_registry=url, sandbox_cache_max_size=16 * 1024**2, sandbox_install_timeout=600
         )
         async with Executor(settings, backend) as executor:
-            with anyio.fail_after(120), pytest.raises(InstallFailed, match="was stopped: its store grew past"):
+            with anyio.fail_after(120), pytest.raises(InstallFailed, match=refusal):
                 await executor.execute(package.code, "javascript", [package.spec])
             await still_answers(executor)
