@@ -62,3 +62,16 @@ test_the_servers_secrets_are_nowhere_the_code_can_look = snooping.test_the_serve
 
 async def test_a_process_left_running_is_killed_before_the_files_are_read(executor: Executor) -> None:
     await boundary.test_a_process_left_running_is_killed_before_the_files_are_read(executor, "python")
+
+
+@pytest.mark.parametrize("engine", [pytest.param(e, marks=getattr(pytest.mark, e)) for e in ("docker", "podman")])
+async def test_with_a_writable_root_nothing_of_one_call_reaches_the_next(
+    request: pytest.FixtureRequest, engine: str
+) -> None:
+    """With SANDBOX_READ_ONLY=false a template container's root (/var/tmp, /run/lock, ...) would be shared by the
+    calls it serves; such calls take the warm pool, one fresh container each."""
+    async with container_executor(request, engine, pool_size=1, max_concurrency=1, read_only=False) as executor:
+        left = await executor.execute("open('/var/tmp/left', 'w').write('x')\nprint('left')")
+        seen = await executor.execute("import os\nprint(os.path.exists('/var/tmp/left'))")
+        assert (left.stdout, seen.stdout) == ("left\n", "False\n"), (left, seen)
+        assert executor.zygote.policy.served == 0

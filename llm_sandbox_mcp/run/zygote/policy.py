@@ -3,8 +3,8 @@
 The flavour is a capability the backend declares, never its name: a `TemplateHost` (bubblewrap) forks each
 call from a template process and confines the child from the host; `TemplateContainers` (Docker, Podman) lend
 a template container whose kernel forks each call a sandbox of its own. Only Python one-shot calls fork, and
-only without a writable library cache or egress; a kind that could not fork here takes the warm pool from then
-on (logged once, shown by `doctor`).
+only without a writable library cache or egress (and, in template containers, only with a read-only root); a
+kind that could not fork here takes the warm pool from then on (logged once, shown by `doctor`).
 """
 
 from __future__ import annotations
@@ -69,6 +69,10 @@ class ZygotePolicy:
         """The flavour a one-shot call of this kind forks on, or None when it takes the warm pool."""
         writable_cache = spec.cache is not None and spec.cache.writable
         if self.flavour is None or language.name != "python" or writable_cache or spec.egress:
+            return None
+        if self.flavour is Flavour.CONTAINER and not spec.limits.read_only:
+            # A writable root (SANDBOX_READ_ONLY=false) is the template container's, the same for every call
+            # it serves: only /workspace, /tmp and /dev/shm are each child's own.
             return None
         return None if replace(spec, forks=False) in self.unavailable else self.flavour
 
