@@ -50,7 +50,14 @@ def test_the_wheel_carries_the_code_the_icon_and_the_packages_metadata(dist: Pat
         info = f"llm_sandbox_mcp-{__version__}.dist-info"
         metadata = Parser().parsestr(wheel.read(f"{info}/METADATA").decode())
         entry_points = wheel.read(f"{info}/entry_points.txt").decode()
-    shipped = {"icon.svg", "icon.png", "install.py", "runners/python_kernel.py", "runners/javascript_runner.js"}
+    shipped = {
+        "icon.svg",
+        "icon.png",
+        "commands/install.py",
+        "runners/PROTOCOL.md",
+        "runners/python_kernel.py",
+        "runners/javascript_runner.js",
+    }
     # `images build` works from an installed package: every project image's Dockerfile and library list.
     shipped |= {f"images/{language}.Dockerfile" for language in LANGUAGES} | {"images/python.txt", "images/r.txt"}
     assert {f"llm_sandbox_mcp/{name}" for name in shipped} <= names
