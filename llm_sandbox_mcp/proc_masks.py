@@ -12,5 +12,7 @@ MASKED = (
     "/proc/sched_debug", "/proc/scsi", "/proc/timer_list", "/proc/timer_stats", "/sys/dev/block",
     "/sys/devices/virtual/powercap", "/sys/firmware", "/sys/fs/selinux",
 )  # fmt: skip
+# Of those, what is in /proc (the daemonless engines mount no /sys).
+PROC_MASKED = tuple(path for path in MASKED if path.startswith("/proc/"))
 # Made read-only.
 READ_ONLY = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")

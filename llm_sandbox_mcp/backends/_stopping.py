@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Generator, Iterable
 from typing import Protocol
 
 # While a kill runs, how often a loop that reads on looks whether it has ended (output ends a wait at once).
 POLL_SECONDS = 0.05
+# Once the stop has returned, how long a loop still reads what the stopped processes left in the stream.
+DRAIN_SECONDS = 3.0
 # How much of a started process's output read during a kill is kept for its next `receive`; the rest is dropped.
 HELD = 1024 * 1024
 
@@ -46,6 +49,54 @@ class Stopping:
         self._thread.join()
         if self._error is not None:
             raise self._error
+
+
+class StopClock:
+    """A run's read loop and its deadline: until it, the loop waits for output; past it (or `stop_now`), `stop`
+    runs in a thread of its own (`Stopping`) while the loop reads on; once `stop` has returned, the loop reads on
+    for DRAIN_SECONDS at most. `before_stop` runs first, in the loop's thread."""
+
+    def __init__(
+        self, deadline: float, stop: Callable[[], None], before_stop: Callable[[], None] | None = None
+    ) -> None:
+        self._deadline = deadline
+        self._stop = stop
+        self._before_stop = before_stop
+        self._stopping: Stopping | None = None
+        self._hard_stop = float("inf")
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the stop was started (the deadline passed, or `stop_now`)."""
+        return self._stopping is not None
+
+    def stop_now(self) -> None:
+        """Stop as at the deadline (e.g. output past its read budget)."""
+        self._deadline = min(self._deadline, time.monotonic())
+
+    def wait(self) -> float | None:
+        """How long the loop may wait for its next output now (at most 1 s); None when it must end."""
+        now = time.monotonic()
+        if self._stopping is None and now >= self._deadline:
+            if self._before_stop is not None:
+                self._before_stop()
+            self._stopping = Stopping(self._stop)
+        if self._stopping is not None and self._hard_stop == float("inf") and self._stopping.done:
+            self._hard_stop = now + DRAIN_SECONDS
+        if now >= self._hard_stop:
+            return None
+        if self._stopping is None:
+            wait = self._deadline - now
+        elif self._stopping.done:
+            wait = self._hard_stop - now
+        else:
+            wait = POLL_SECONDS
+        return max(0.0, min(wait, 1.0))
+
+    def finish(self) -> None:
+        """Wait for a started stop to return, raising what it raised."""
+        if self._stopping is not None:
+            self._stopping.wait()
 
 
 class Drainable(Protocol):

@@ -19,14 +19,12 @@ from typing import Protocol
 
 import anyio.to_thread
 
-from llm_sandbox_mcp.backends._stopping import HELD, POLL_SECONDS, Stopping
+from llm_sandbox_mcp.backends._stopping import HELD, POLL_SECONDS, StopClock
 from llm_sandbox_mcp.errors import SandboxFailure
 from llm_sandbox_mcp.models import HeadTail
 
 _HEADER = struct.Struct(">BxxxL")
 _CHUNK = 65536
-# After a kill, wait this long for the stream to close before giving up on it.
-_DRAIN_SECONDS = 3.0
 _STDERR_TAIL = 64 * 1024
 # Chunks a pipe's reader thread may hold before it waits for them to be taken (what a socket's buffer does).
 _PIPE_BACKLOG = 16
@@ -215,25 +213,10 @@ def pump(
     source = _SelectedSocket(stream, stdin) if isinstance(stream, socket.socket) else _ReadPipe(stream, stdin)
     reader = FrameReader()
     sinks = {1: out, 2: err}
-    stopping: Stopping | None = None
-    hard_stop = float("inf")
+    clock = StopClock(deadline, on_timeout, before_stop=source.stop_input)  # read on meanwhile: see _stopping
     try:
-        while True:
-            now = time.monotonic()
-            if stopping is None and now >= deadline:
-                source.stop_input()
-                stopping = Stopping(on_timeout)  # read on meanwhile: see _stopping
-            if stopping is not None and hard_stop == float("inf") and stopping.done:
-                hard_stop = now + _DRAIN_SECONDS
-            if now >= hard_stop:
-                break
-            if stopping is None:
-                wait = deadline - now
-            elif stopping.done:
-                wait = hard_stop - now
-            else:
-                wait = POLL_SECONDS
-            chunk = source.next_chunk(max(0.0, min(wait, 1.0)))
+        while (wait := clock.wait()) is not None:
+            chunk = source.next_chunk(wait)
             if chunk is None:
                 continue
             if not chunk:
@@ -244,12 +227,11 @@ def pump(
                     continue
                 sink.feed(payload)
                 if sink.flooded:
-                    deadline = min(deadline, now)  # stopped like at its deadline
+                    clock.stop_now()  # stopped like at its deadline
     finally:
         source.done()
-        if stopping is not None:
-            stopping.wait()
-    return stopping is not None
+        clock.finish()
+    return clock.stopped
 
 
 class SocketProcess:

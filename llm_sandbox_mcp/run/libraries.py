@@ -318,17 +318,21 @@ class LibraryCache:
         # What is in the store, not the store itself (on Kubernetes a claim's root belongs to root).
         normal = ["find", store, "-mindepth", "1", "-maxdepth", "1", "-exec", "chmod", "-R", "u+rwX", "{}", "+"]
         opened = await self.backend.exec(ref, normal, timeout=120, output_limit=4096)
-        measured = await self.backend.exec(ref, ["du", "-sk", store], timeout=120, output_limit=4096)
-        first = measured.stdout.split(maxsplit=1)[0] if measured.stdout.strip() else b""
-        if opened.exit_code != 0 or measured.exit_code != 0 or measured.timed_out or not first.isdigit():
+        measured, size = await self._measure(ref)
+        if opened.exit_code != 0 or measured.exit_code != 0 or measured.timed_out or size is None:
             return self.settings.sandbox_cache_max_size + 1
-        return int(first) * 1024
+        return size
 
     async def _size(self, ref: SandboxRef) -> int:
         """Bytes in the store while the installer runs (to stop it early; `_final_size` decides)."""
+        _, size = await self._measure(ref)
+        return size or 0
+
+    async def _measure(self, ref: SandboxRef) -> tuple[ExecResult, int | None]:
+        """`du` of the store, and the bytes it counted (None when it printed no number)."""
         result = await self.backend.exec(ref, ["du", "-sk", str(LIBS_DIR)], timeout=120, output_limit=4096)
         first = result.stdout.split(maxsplit=1)[0] if result.stdout.strip() else b""
-        return int(first) * 1024 if first.isdigit() else 0
+        return result, int(first) * 1024 if first.isdigit() else None
 
     async def _install(
         self, ref: SandboxRef, lang: Language, specs: list[str], listener: EgressListener | None

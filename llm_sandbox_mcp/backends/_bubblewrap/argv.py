@@ -24,7 +24,7 @@ from llm_sandbox_mcp.backends._daemonless.argv import (
     nsenter_argv,
 )
 from llm_sandbox_mcp.models import WORKDIR, Limits, SandboxSpec
-from llm_sandbox_mcp.proc_masks import MASKED
+from llm_sandbox_mcp.proc_masks import PROC_MASKED
 
 
 def system_root() -> list[str]:
@@ -81,7 +81,7 @@ def _proc_masks() -> list[str]:
     """What the container engines hide of /proc, hidden in the holder's: files behind /dev/null, directories
     behind an empty read-only tmpfs (the paths this kernel has)."""
     argv: list[str] = []
-    for path in (Path(name) for name in MASKED if name.startswith("/proc/")):
+    for path in map(Path, PROC_MASKED):
         if path.is_dir():
             argv += ["--perms", "0555", "--size", "4096", "--tmpfs", str(path), "--remount-ro", str(path)]
         elif path.exists():

@@ -22,7 +22,7 @@ from typing import Any, cast
 import anyio.to_thread
 from websocket import ABNF, WebSocket, WebSocketException
 
-from llm_sandbox_mcp.backends._stopping import HELD, POLL_SECONDS, Stopping
+from llm_sandbox_mcp.backends._stopping import HELD, POLL_SECONDS, StopClock
 from llm_sandbox_mcp.errors import SandboxFailure
 from llm_sandbox_mcp.models import HeadTail
 
@@ -32,7 +32,6 @@ END = -1  # pseudo channel: the stream is over
 Frame = tuple[int, bytes]
 
 _CHUNK = 256 * 1024
-_DRAIN_SECONDS = 3.0
 _STDERR_TAIL = 64 * 1024
 # How long one blocking read or write of the stream may wait once begun (a frame half sent, a peer that does not
 # read): past it the stream is taken as broken. Without it a reader stuck mid-frame holds its worker thread,
@@ -198,24 +197,10 @@ def pump(
         writer.start()
     sinks = {STDOUT: out, STDERR: err}
     status = bytearray()
-    stopping: Stopping | None = None
-    hard_stop = float("inf")
+    clock = StopClock(deadline, on_timeout)  # read on meanwhile: see _stopping
     try:
-        while True:
-            now = time.monotonic()
-            if stopping is None and now >= deadline:
-                stopping = Stopping(on_timeout)  # read on meanwhile: see _stopping
-            if stopping is not None and hard_stop == float("inf") and stopping.done:
-                hard_stop = now + _DRAIN_SECONDS
-            if now >= hard_stop:
-                break
-            if stopping is None:
-                wait = deadline - now
-            elif stopping.done:
-                wait = hard_stop - now
-            else:
-                wait = POLL_SECONDS
-            frame = stream.read(max(0.0, min(wait, 1.0)))
+        while (wait := clock.wait()) is not None:
+            frame = stream.read(wait)
             if frame is None:
                 continue
             channel, payload = frame
@@ -226,14 +211,13 @@ def pump(
             elif channel in sinks and not sinks[channel].flooded:  # past its read budget, read only to be dropped
                 sinks[channel].feed(payload)
                 if sinks[channel].flooded:
-                    deadline = min(deadline, now)  # stopped like at its deadline
+                    clock.stop_now()  # stopped like at its deadline
     finally:
-        if stopping is not None:
-            stopping.wait()
+        clock.finish()
         if writer is not None and writer.is_alive():
             stream.abort()
             writer.join()
-    return bytes(status), stopping is not None
+    return bytes(status), clock.stopped
 
 
 class WebSocketProcess:

@@ -25,7 +25,7 @@ from llm_sandbox_mcp.backends._daemonless.argv import (
 )
 from llm_sandbox_mcp.backends._nsjail.host import Nsjail
 from llm_sandbox_mcp.models import WORKDIR, Limits, SandboxSpec
-from llm_sandbox_mcp.proc_masks import MASKED
+from llm_sandbox_mcp.proc_masks import PROC_MASKED
 
 # The holder's nsjail gets SIGTERM when the server dies (it then kills the jail: a PID 1 inside ignores it).
 SETPRIV = "/usr/bin/setpriv"
@@ -98,7 +98,7 @@ def _proc_masks() -> list[str]:
     paths this kernel has; a file only its owner may read, as /proc/timer_list, is out of the sandbox user's
     reach anyway, and nsjail could not open it to mount over it)."""
     argv: list[str] = []
-    for path in (name for name in MASKED if name.startswith("/proc/")):
+    for path in PROC_MASKED:
         if os.path.isdir(path):
             argv += ["-m", f"none:{path}:tmpfs:size=4096,mode=0555"]
         elif os.path.exists(path) and os.stat(path).st_mode & stat.S_IROTH:

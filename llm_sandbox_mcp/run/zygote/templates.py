@@ -35,7 +35,7 @@ from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxError, SandboxFailure
 from llm_sandbox_mcp.languages import Language, runner_source
 from llm_sandbox_mcp.models import Execution, SandboxRef, SandboxSpec
-from llm_sandbox_mcp.proc_masks import MASKED
+from llm_sandbox_mcp.proc_masks import PROC_MASKED
 from llm_sandbox_mcp.run.budget import MemoryBudget
 from llm_sandbox_mcp.run.environment import run_env
 from llm_sandbox_mcp.run.kernel import Kernel, encode_frame
@@ -316,7 +316,7 @@ class ZygoteTemplates(TaskOwner):
             config = {
                 "control": theirs.fileno(),
                 **isolation_config(self._settings, limits, rlimits),
-                "mask": [path for path in MASKED if path.startswith("/proc/")],
+                "mask": list(PROC_MASKED),
             }
             argv = [
                 "python3", "-c", runner_source("python_zygote.py"), runner_source("python_kernel.py"),
