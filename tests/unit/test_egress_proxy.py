@@ -18,7 +18,7 @@ from llm_sandbox_mcp.egress.policy import EgressPolicy
 from llm_sandbox_mcp.egress.proxy import EgressListener, open_listener
 from llm_sandbox_mcp.host_rules import HostRule
 from tests.support.connects import recorded
-from tests.unit.test_egress_tls import client_hello
+from tests.support.tls import client_hello
 
 pytestmark = pytest.mark.anyio
 

@@ -4,25 +4,13 @@ malformed ones."""
 from __future__ import annotations
 
 import asyncio
-import ssl
 
 import pytest
 
 from llm_sandbox_mcp.egress.tls import MAX_HELLO, NotAClientHello, read_client_hello, server_name, starts_tls
+from tests.support.tls import client_hello
 
 pytestmark = pytest.mark.anyio
-
-
-def client_hello(host: str | None) -> bytes:
-    """The first flight of a real TLS client connecting to `host` (no server name when None)."""
-    context = ssl.create_default_context()
-    if host is None:
-        context.check_hostname = False
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    tls = context.wrap_bio(incoming, outgoing, server_hostname=host)
-    with pytest.raises(ssl.SSLWantReadError):
-        tls.do_handshake()
-    return outgoing.read()
 
 
 async def _read(data: bytes) -> tuple[bytes, bytes]:

@@ -41,6 +41,14 @@ def places(tmp_path: Path) -> Places:
     return Places(tmp_path / "home", tmp_path / "project", {}, "Linux")
 
 
+def shell(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The installing shell: `home` as HOME, the engine at DOCKER_HOST, none of the other variables install copies."""
+    for name in PASSED_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("DOCKER_HOST", "unix:///d.sock")
+
+
 def _read(path: Path) -> dict[str, Any]:
     text = path.read_text()
     return tomlkit.parse(text).unwrap() if path.suffix == ".toml" else json.loads(text)
@@ -280,10 +288,7 @@ def test_shared_files_name_uvx_without_this_machines_path() -> None:
 def test_the_command_line_installs_refuses_and_forces(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for name in PASSED_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("DOCKER_HOST", "unix:///d.sock")
+    shell(tmp_path, monkeypatch)
     base = ["install", "--client", "codex", "--command", "/opt/llm-sandbox-mcp"]
     assert cli.main([*base, "--dry-run"]) == 0
     assert 'command = "/opt/llm-sandbox-mcp"' in capsys.readouterr().out
@@ -301,10 +306,7 @@ def test_the_command_line_installs_refuses_and_forces(
 def test_credentials_of_the_shell_stay_out_of_shared_files_and_are_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for name in PASSED_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("DOCKER_HOST", "unix:///d.sock")
+    shell(tmp_path, monkeypatch)
     monkeypatch.setenv("HTTPS_PROXY", "http://alice:s3cret@proxy:3128")
     monkeypatch.setenv("UV_INDEX_URL", "https://bob:t0ken@index.example/simple")
     project = tmp_path / "project"
