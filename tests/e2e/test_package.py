@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -65,6 +66,12 @@ def test_the_wheel_carries_the_code_the_icon_and_the_packages_metadata(dist: Pat
     assert metadata["Version"] == __version__ and metadata["Summary"] == project["description"]
     assert metadata["Description-Content-Type"] == "text/markdown"
     assert "llm-sandbox-mcp = llm_sandbox_mcp.cli:main" in entry_points
+    # On the package index a relative link leads nowhere: each points at the repository's file, which exists.
+    links: list[str] = re.findall(r"\]\(([^)\s]+)\)", str(metadata.get_payload()))
+    repository = project["urls"]["Source"] + "/blob/main/"
+    assert links and all(re.match(r"[a-z][a-z0-9+.-]*:", link) for link in links), links
+    ours = [link.removeprefix(repository) for link in links if link.startswith(repository)]
+    assert ours and all((ROOT / path).is_file() for path in ours), ours
 
 
 def test_the_sdist_can_rebuild_and_retest_the_package(dist: Path) -> None:
