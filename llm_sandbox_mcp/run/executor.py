@@ -99,6 +99,14 @@ class Executor:
     ) -> None:
         await self._stack.__aexit__(exc_type, exc, tb)
 
+    async def sweep_leftovers(self) -> int:
+        """Remove the sandboxes of servers that are no longer running; how many went."""
+        return await self.backend.sweep()
+
+    async def remove_everything(self) -> None:
+        """Remove every sandbox this server made, whatever holds it (on a signal, outside the lifespan)."""
+        await self.backend.aclose()
+
     @property
     def engine(self) -> str:
         """The backend's name, as every outcome reports it."""

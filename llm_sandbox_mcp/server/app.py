@@ -250,7 +250,7 @@ async def _shielded(close: Callable[[], Awaitable[None]]) -> None:
 async def _prepare(executor: "Executor") -> None:
     """Start-up work that must not delay serving: sweep leftovers, warm the default language."""
     try:
-        swept = await executor.backend.sweep()
+        swept = await executor.sweep_leftovers()
         if swept:
             logger.info("Removed %d sandboxes left by servers that are no longer running", swept)
         await executor.warm(get_language("python"))

@@ -91,7 +91,7 @@ class AppState:
             if self.registry is not None:
                 await self.registry.aclose()
             if self.running is not None:
-                await self.running.backend.aclose()
+                await self.running.remove_everything()
 
     # Code.
 
