@@ -27,7 +27,6 @@ from llm_sandbox_mcp.backends import _owner, load_backend
 from llm_sandbox_mcp.backends._container import CACHE_PREFIX, INIT
 from llm_sandbox_mcp.backends._kubernetes import KubernetesEngine
 from llm_sandbox_mcp.backends._kubernetes import api as k8s_api
-from llm_sandbox_mcp.backends._kubernetes.api import ApiFailure
 from llm_sandbox_mcp.backends._kubernetes.exec import ExecStream
 from llm_sandbox_mcp.backends._kubernetes.pod import EXPIRES, NETWORK_LABEL, POLICY_NAME, PodOptions, pod_manifest
 from llm_sandbox_mcp.backends._threaded import Threaded
@@ -36,6 +35,7 @@ from llm_sandbox_mcp.errors import BackendUnavailable, ImageMissing, SandboxFail
 from llm_sandbox_mcp.models import CacheMount, SandboxSpec
 from tests.engines import kube
 from tests.engines.conftest import engine_settings, require_now
+from tests.engines.test_kubernetes_rbac import deployed_role, granted
 
 pytestmark = [pytest.mark.anyio, pytest.mark.kubernetes]
 
@@ -268,44 +268,43 @@ async def test_the_deny_all_network_policy_is_created_at_first_use(
     assert f"NetworkPolicy {POLICY_NAME} in place" in description
 
 
-def _forbid_network_policies(backend: Threaded, monkeypatch: pytest.MonkeyPatch) -> None:
-    engine = backend.engine
-    assert isinstance(engine, KubernetesEngine)
-    real_call = engine._call  # pyright: ignore[reportPrivateUsage]
-
-    def forbidden(api: str, method: str, *args: Any, **kwargs: Any) -> Json:
-        if api == "networking":
-            raise ApiFailure(403, "Forbidden", 'networkpolicies is forbidden: User "x" cannot create resource')
-        return real_call(api, method, *args, **kwargs)
-
-    monkeypatch.setattr(engine, "_call", forbidden)
+def _without_leave_for_network_policies(namespace: str, tmp_path: Path, **overrides: Any) -> Threaded:
+    """A backend whose identity has the deployed Role but for the NetworkPolicy rule: the double answers 403."""
+    role = deployed_role()
+    role["rules"] = [rule for rule in role["rules"] if "networkpolicies" not in rule["resources"]]
+    _, kubeconfig = granted(role, namespace, tmp_path)
+    made = load_backend("kubernetes", settings(namespace, kubeconfig=kubeconfig, **overrides))
+    assert isinstance(made, Threaded)
+    return made
 
 
 async def test_without_the_network_policy_sandboxes_meant_to_have_no_network_are_refused(
-    backend: Threaded, namespace: str, monkeypatch: pytest.MonkeyPatch, core: Any
+    namespace: str, tmp_path: Path, core: Any
 ) -> None:
-    _forbid_network_policies(backend, monkeypatch)
-    with pytest.raises(SandboxFailure, match="SANDBOX_K8S_ALLOW_NO_NETWORK_POLICY=true") as refused:
-        await backend.create(spec(namespace))
-    assert "Role in docs/engines.md" in str(refused.value)
-    assert read(core.list_namespaced_pod, namespace)["items"] == []
-    # A sandbox given network on purpose (an installer given SANDBOX_INSTALL_NETWORK_MODE) does not depend on it.
-    installer = await backend.create(spec(namespace, sandbox_network_mode="bridge"))
-    assert (await backend.exec(installer, ["true"], timeout=30)).exit_code == 0
+    backend = _without_leave_for_network_policies(namespace, tmp_path)
+    try:
+        with pytest.raises(SandboxFailure, match="SANDBOX_K8S_ALLOW_NO_NETWORK_POLICY=true") as refused:
+            await backend.create(spec(namespace))
+        assert "is forbidden" in str(refused.value) and "deploy/kubernetes/rbac.yaml" in str(refused.value)
+        assert read(core.list_namespaced_pod, namespace)["items"] == []
+        # A sandbox given network on purpose (an installer given SANDBOX_INSTALL_NETWORK_MODE) does not depend on it.
+        installer = await backend.create(spec(namespace, sandbox_network_mode="bridge"))
+        assert (await backend.exec(installer, ["true"], timeout=30)).exit_code == 0
+    finally:
+        await backend.aclose()
 
 
 async def test_an_operator_who_accepts_the_clusters_network_is_warned_once_and_sandboxes_start(
-    namespace: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    namespace: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    backend = load_backend("kubernetes", settings(namespace, sandbox_k8s_allow_no_network_policy=True))
-    assert isinstance(backend, Threaded)
+    backend = _without_leave_for_network_policies(namespace, tmp_path, sandbox_k8s_allow_no_network_policy=True)
     try:
-        _forbid_network_policies(backend, monkeypatch)
         with caplog.at_level(logging.WARNING):
             first = await backend.create(spec(namespace))
             await backend.create(spec(namespace))
         warnings = [r.getMessage() for r in caplog.records if "NetworkPolicy" in r.getMessage()]
-        assert len(warnings) == 1 and "default network" in warnings[0] and "Role in docs/engines.md" in warnings[0]
+        assert len(warnings) == 1 and "default network" in warnings[0]
+        assert "deploy/kubernetes/rbac.yaml" in warnings[0]
         assert (await backend.exec(first, ["true"], timeout=30)).exit_code == 0
     finally:
         await backend.aclose()

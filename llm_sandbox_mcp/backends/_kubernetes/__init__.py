@@ -55,7 +55,7 @@ from llm_sandbox_mcp.models import (
 logger = logging.getLogger(__name__)
 
 _MIN_TTL = 24 * 3600
-_RBAC_HINT = "the server's identity needs the Role in docs/engines.md (Kubernetes)"
+_RBAC_HINT = "the server's identity needs the Role in deploy/kubernetes/rbac.yaml (docs/engines.md, Kubernetes)"
 # How often a library cache claim that is being deleted is checked again before it is made anew.
 _CLAIM_POLL_SECONDS = 0.5
 

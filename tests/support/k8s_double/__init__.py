@@ -11,6 +11,9 @@ what it does not serve, so a backend that starts relying on more finds out at on
 What it implements:
 
 - `/version`, bearer-token authentication (401 `Status` without it); every valid namespace name exists.
+  The double's own token is an administrator's; `grant(role, user)` makes a token bound to one Role, whose
+  requests RBAC authorizes (403 `Forbidden` as the API server words it; exec over WebSocket needs `get` and
+  `create` on `pods/exec`, as since 1.35) and records (`Grant.asked`), see `rbac.py`.
 - core/v1 pods: create, get, list, delete (grace period 0), `watch=true` (ADDED/MODIFIED/DELETED,
   `resourceVersion`, `timeoutSeconds`, 410 ERROR for expired versions), and `pods/exec` over
   WebSocket (`v5.channel.k8s.io`, `v4.channel.k8s.io`). Status moves Pending -> Running ->

@@ -19,11 +19,12 @@ import docker
 import docker.errors
 from aiohttp import web
 
-from . import errors
+from . import errors, rbac
 from .docker_api import docker_api
 from .errors import ApiError, FieldError, bad_request, invalid, method_not_allowed
 from .exec_ws import serve_exec
 from .objects import JsonObj, as_obj
+from .rbac import Grant
 from .runtime import DockerKubelet
 from .selectors import matches_fields, matches_labels, parse_selector
 from .store import NETWORK_POLICIES, PERSISTENT_VOLUME_CLAIMS, PODS, Resource, Store, now_rfc3339
@@ -74,6 +75,8 @@ class ApiServer:
         self._docker = client
         self._executor = executor
         self._token = token
+        # Tokens bound to a Role (`KubeApiDouble.grant`); the double's own token is an administrator's.
+        self.grants: dict[str, Grant] = {}
 
     def application(self) -> web.Application:
         app = web.Application(middlewares=[self._middleware], client_max_size=256 * 1024 * 1024)
@@ -94,7 +97,12 @@ class ApiServer:
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
-            if request.headers.get("Authorization") != f"Bearer {self._token}":
+            presented = request.headers.get("Authorization", "")
+            grant = self.grants.get(presented.removeprefix("Bearer ")) if presented.startswith("Bearer ") else None
+            if grant is not None:
+                websocket = request.headers.get("Upgrade", "").lower() == "websocket"
+                grant.authorize(rbac.attributes(request.method, request.path, request.query), websocket)
+            elif presented != f"Bearer {self._token}":
                 raise errors.unauthorized()
             return await handler(request)
         except ApiError as exc:

@@ -18,9 +18,11 @@ from typing import TypeVar
 import docker
 from aiohttp import web
 
+from . import rbac
 from .api import ApiServer
 from .docker_api import docker_api
 from .objects import JsonObj, as_list, as_obj
+from .rbac import Grant
 from .runtime import INSTANCE_LABEL, OWNER_LABEL, DockerKubelet
 from .store import Store
 from .translate import RuntimeOptions
@@ -64,6 +66,7 @@ class KubeApiDouble:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
+        self._api: ApiServer | None = None
         self._kubelet: DockerKubelet | None = None
         self._store: Store | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -162,6 +165,7 @@ class KubeApiDouble:
             options=self._options,
         )
         api = ApiServer(self._store, self._kubelet, self._client, self._executor, token=self.token)
+        self._api = api
         # The API server accepts request lines and headers up to 1 MiB (Go's MaxHeaderBytes it sets), so exec
         # commands with long arguments (a script passed to `sh -c`) work; aiohttp's default is 8 KiB.
         self._runner = web.AppRunner(
@@ -214,8 +218,19 @@ class KubeApiDouble:
         finally:
             await self._runner.cleanup()
 
-    def write_kubeconfig(self, path: str | Path) -> Path:
-        """Write a kubeconfig for this double (cluster, bearer-token user, context with the namespace)."""
+    def grant(self, role: JsonObj, user: str) -> Grant:
+        """A new token for `user` (a ServiceAccount's name, `system:serviceaccount:NS:NAME`) bound to one Role:
+        requests it makes are authorized against the Role's rules and recorded in `Grant.asked`."""
+        if self._api is None:
+            raise RuntimeError("KubeApiDouble is not started")
+        namespace, rules = rbac.rules_of(role)
+        granted = Grant(user, namespace, rules, token=secrets.token_urlsafe(24))
+        self._api.grants[granted.token] = granted
+        return granted
+
+    def write_kubeconfig(self, path: str | Path, token: str | None = None, namespace: str | None = None) -> Path:
+        """Write a kubeconfig for this double (cluster, bearer-token user, context with the namespace); by
+        default with the double's administrator token and namespace."""
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(
@@ -228,13 +243,13 @@ class KubeApiDouble:
             "users:\n"
             "- name: k8s-double\n"
             "  user:\n"
-            f"    token: '{self.token}'\n"
+            f"    token: '{token or self.token}'\n"
             "contexts:\n"
             "- name: k8s-double\n"
             "  context:\n"
             "    cluster: k8s-double\n"
             "    user: k8s-double\n"
-            f"    namespace: {self.namespace}\n"
+            f"    namespace: {namespace or self.namespace}\n"
             "current-context: k8s-double\n"
             "preferences: {}\n"
         )
