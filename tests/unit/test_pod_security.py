@@ -1,0 +1,65 @@
+"""Sandbox pods meet the `restricted` Pod Security Standard that deploy/kubernetes/namespaces.yaml enforces on the
+sandboxes' namespace, with every setting that keeps the defaults' hardening; loosening settings fail it (and the
+namespace's admission then refuses those pods, which is the point of the label)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from llm_sandbox_mcp.backends._kubernetes.pod import PodOptions, pod_manifest
+from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.models import CacheMount, SandboxSpec
+from tests.support.pod_security import violations
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _pod(settings: Settings, options: PodOptions | None = None, cache: CacheMount | None = None) -> dict[str, Any]:
+    spec = SandboxSpec("python:3.12-slim", settings.limits(), cache)
+    return pod_manifest("sandbox", spec, {}, {}, options or PodOptions())
+
+
+@pytest.mark.parametrize(
+    ("settings", "options", "cache"),
+    [
+        (Settings(), None, None),
+        (Settings(), PodOptions(seccomp_profile="llm-sandbox-mcp.json", host_users=False), None),
+        (Settings(), None, CacheMount("k", writable=True)),
+        (Settings(sandbox_network_mode="bridge", sandbox_read_only=False), None, CacheMount("k")),
+        (Settings(sandbox_security_opt=["no-new-privileges", "label=type:container_t"]), None, None),
+    ],
+    ids=["defaults", "localhost-seccomp-own-user-namespace", "installer", "network-and-writable-root", "selinux"],
+)
+def test_sandbox_pods_meet_the_restricted_standard(
+    settings: Settings, options: PodOptions | None, cache: CacheMount | None
+) -> None:
+    assert violations(_pod(settings, options, cache)) == []
+
+
+@pytest.mark.parametrize(
+    ("settings", "failed"),
+    [
+        (Settings(sandbox_privileged=True), "privileged"),
+        (Settings(sandbox_cap_drop=["NET_RAW"]), "capabilities not dropped to ALL"),
+        (Settings(sandbox_security_opt=["seccomp=unconfined"]), "seccompProfile"),
+        (Settings(sandbox_security_opt=["apparmor=unconfined"]), "appArmorProfile"),
+    ],
+)
+def test_settings_that_give_hardening_away_fail_it(settings: Settings, failed: str) -> None:
+    assert any(found.startswith(failed) for found in violations(_pod(settings))), violations(_pod(settings))
+
+
+def test_the_deployed_namespaces_enforce_it_and_deny_the_sandboxes_all_traffic() -> None:
+    documents = list(yaml.safe_load_all((ROOT / "deploy/kubernetes/namespaces.yaml").read_text()))
+    namespaces = {d["metadata"]["name"]: d for d in documents if d["kind"] == "Namespace"}
+    for namespace in namespaces.values():
+        assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    (policy,) = [d for d in documents if d["kind"] == "NetworkPolicy"]
+    assert policy["metadata"]["namespace"] in namespaces
+    assert policy["spec"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+    role = next(yaml.safe_load_all((ROOT / "deploy/kubernetes/rbac.yaml").read_text()))
+    assert role["metadata"]["namespace"] in namespaces
