@@ -63,3 +63,25 @@ def test_the_deployed_namespaces_enforce_it_and_deny_the_sandboxes_all_traffic()
     assert policy["spec"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
     role = next(yaml.safe_load_all((ROOT / "deploy/kubernetes/rbac.yaml").read_text()))
     assert role["metadata"]["namespace"] in namespaces
+
+
+def test_the_servers_deployment_is_restricted_runs_as_the_bound_account_and_points_at_the_sandboxes() -> None:
+    documents = {d["kind"]: d for d in yaml.safe_load_all((ROOT / "deploy/kubernetes/server.yaml").read_text())}
+    rbac = {d["kind"]: d for d in yaml.safe_load_all((ROOT / "deploy/kubernetes/rbac.yaml").read_text())}
+    deployment = documents["Deployment"]
+    pod = deployment["spec"]["template"]
+    assert violations(pod) == []
+    account = rbac["ServiceAccount"]["metadata"]
+    assert deployment["metadata"]["namespace"] == account["namespace"]
+    assert pod["spec"]["serviceAccountName"] == account["name"]
+    (container,) = pod["spec"]["containers"]
+    env = {variable["name"]: variable["value"] for variable in container["env"]}
+    assert env["BACKEND"] == "kubernetes" and env["NAMESPACE"] == rbac["Role"]["metadata"]["namespace"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # The tokens come from a Secret no one but the server's group reads; the server answers only with them.
+    (tokens,) = [v for v in pod["spec"]["volumes"] if "secret" in v]
+    assert tokens["secret"]["defaultMode"] == 0o400
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == tokens["name"]]
+    assert env["SANDBOX_HTTP_TOKENS_FILE"].startswith(mount["mountPath"] + "/")
+    assert container["readinessProbe"] and container["livenessProbe"]
+    assert documents["Service"]["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
