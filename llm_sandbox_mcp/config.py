@@ -26,6 +26,7 @@ from llm_sandbox_mcp.errors import ConfigError
 from llm_sandbox_mcp.host_memory import physical_memory
 from llm_sandbox_mcp.host_rules import HostRule
 from llm_sandbox_mcp.models import MIN_CPUS, MIN_MEMORY, Limits
+from llm_sandbox_mcp.secret_specs import load_secret_specs
 
 BackendChoice = Literal["auto", "docker", "podman", "kubernetes", "bubblewrap", "nsjail"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -163,6 +164,7 @@ class Settings(BaseSettings):
     sandbox_session_max_cpus: Annotated[float, Field(ge=MIN_CPUS)] = 2.0
     sandbox_session_network_mode: str | None = None
     sandbox_session_allow_hosts: HostList = Field(default_factory=lambda: [])
+    sandbox_secrets_file: Path | None = None
     sandbox_foreground_limit: PositiveFloat = 50.0
     sandbox_max_jobs: PositiveInt = 16
     sandbox_job_retention: PositiveFloat = 3600.0
@@ -190,6 +192,8 @@ class Settings(BaseSettings):
             raise ValueError("SANDBOX_USER must be a numeric uid or uid:gid, e.g. 65534:65534")
         if self.sandbox_install_ca_bundle is not None and not self.sandbox_install_ca_bundle.is_file():
             raise ValueError("SANDBOX_INSTALL_CA_BUNDLE must name a readable PEM file")
+        if self.sandbox_secrets_file is not None:
+            load_secret_specs(self.sandbox_secrets_file)  # refused now, with the secret and its problem named
         if self.sandbox_k8s_pod_template is not None and not self.sandbox_k8s_pod_template.is_file():
             raise ValueError("SANDBOX_K8S_POD_TEMPLATE must name a readable YAML or JSON pod manifest")
         profile = self.sandbox_k8s_seccomp_profile

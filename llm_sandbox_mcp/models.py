@@ -72,6 +72,8 @@ class SandboxSpec:
     # A zygote template container (SANDBOX_ZYGOTE on Docker/Podman): its kernel makes each one-shot call a
     # sandbox of its own in nested namespaces, so the engine lets it unshare and mount (see `run.zygote`).
     forks: bool = False
+    # Variables of this sandbox alone (a session's secrets: their placeholders and the proxy CA's files).
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass

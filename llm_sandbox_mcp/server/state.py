@@ -240,13 +240,14 @@ class AppState:
         cpus: float | None,
         network: bool | list[str],
         progress: Report | None = None,
+        secrets: list[str] | None = None,
     ) -> SessionInfo:
         from llm_sandbox_mcp.run.jobs import reporting
 
         await self.ready()
         sessions, live = self.sessions, Live()
         session = await reporting(
-            live, progress, lambda: sessions.create(language, libraries, memory, cpus, network, live)
+            live, progress, lambda: sessions.create(language, libraries, memory, cpus, network, live, secrets)
         )
         return SessionInfo.model_validate(session.describe())
 
