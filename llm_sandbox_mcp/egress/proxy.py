@@ -8,7 +8,8 @@ A tunnel to port 80 or 443 of a named host must begin with a TLS ClientHello tha
 (`tls.py`): a CDN serves many sites behind one address, and the CONNECT name alone would let a tunnel opened
 for an allowed registry reach any of them. Plain HTTP goes as absolute-form requests, whose Host the proxy
 sets. Tunnels to an IP address or to another port (only ever allowed by an explicit host:port) are passed
-as they are: a protocol there may wait for the server to speak first.
+as they are: a protocol there may wait for the server to speak first. A CONNECT to a host:port a session's
+secret is bound to is the exception: TLS ends here (`bound.py`), and plain HTTP to a bound host is refused.
 
 Bounded everywhere: connections per sandbox, the request head's size, the time to send it, to resolve and to
 connect, and idle tunnels. No exception escapes a connection's handler: anything unexpected closes it.

@@ -274,6 +274,8 @@ class SessionRegistry:
         """`execute` for a cell already validated (`prepare`)."""
         session = self.get(session_id)
         live = live or Live()
+        if session.secrets is not None:
+            live.secrets = tuple(value.encode() for value in session.secrets.values())
         live.phase = "waiting for the session's previous call" if session.lock.locked() else "queued"
         async with session.lock, self.executor.limiter:
             if session.id not in self._sessions:

@@ -21,7 +21,7 @@ from llm_sandbox_mcp.egress.substitution import (
     wants_json,
 )
 from llm_sandbox_mcp.host_rules import HostRule
-from llm_sandbox_mcp.models import Execution
+from llm_sandbox_mcp.models import Execution, Live
 from llm_sandbox_mcp.run.session_secrets import redact_execution
 from llm_sandbox_mcp.secret_specs import SecretPlace, SecretSpec
 
@@ -142,3 +142,13 @@ def test_what_a_session_returns_is_redacted() -> None:
     assert redacted.stderr == "and [secret FIELD redacted]"
     assert redacted.artifacts[0].data == b"[secret TOKEN redacted] here"
     assert redacted.artifacts[1].data == b"ok"
+
+
+def test_output_read_while_a_session_runs_is_masked() -> None:
+    live = Live()
+    live.secrets = (b"VAL1",)
+    live.feed("stdout", b"a VA")
+    live.feed("stdout", b"L1 b\n")
+    live.feed("stderr", b"VAL1")
+    assert live.since(0)[:2] == (b"a **** b\n", b"****")
+    assert "VAL1" not in live.summary()
