@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from mcp import Client
+from mcp_types import TextContent
 
 from llm_sandbox_mcp.config import Settings, load_settings
 from llm_sandbox_mcp.egress.policy import EgressPolicy
@@ -14,6 +16,8 @@ from llm_sandbox_mcp.errors import ConfigError, InvalidRequest
 from llm_sandbox_mcp.host_rules import HostRule
 from llm_sandbox_mcp.run.session_secrets import SessionSecrets, placeholders_env
 from llm_sandbox_mcp.secret_specs import SecretPlace, SecretUnavailable, load_secret_specs
+from llm_sandbox_mcp.server.app import build_server
+from tests.support.fakes import FakeBackend, ok
 
 VALUE = "ghp_s3cr3tVALUEthatMustNeverShow"
 
@@ -154,3 +158,24 @@ def test_a_session_gets_only_declared_secrets_whose_hosts_its_network_includes(
 def test_a_server_without_secrets_says_where_they_are_declared() -> None:
     with pytest.raises(InvalidRequest, match="declares no secrets .*SANDBOX_SECRETS_FILE"):
         SessionSecrets(Settings()).bind(["API_TOKEN"], _policy("api.example.com"))
+
+
+@pytest.mark.anyio
+async def test_create_session_names_an_unknown_or_unavailable_secret_and_makes_no_sandbox(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _file(tmp_path, {"GONE": {"value_env": "LLM_SANDBOX_TEST_UNSET", "hosts": ["api.example.org"]}})
+    monkeypatch.delenv("LLM_SANDBOX_TEST_UNSET", raising=False)
+    backend = FakeBackend(handler=lambda call: ok())
+    backend.install_network = "egress"
+    settings = Settings(sandbox_pool_size=0, sandbox_session_allow_hosts=["api.example.org"], sandbox_secrets_file=path)
+    async with Client(build_server(settings, backend)) as client:
+        tool = {tool.name: tool for tool in (await client.list_tools()).tools}["create_session"]
+        assert "secrets" in tool.input_schema["properties"]
+        args: dict[str, object] = {"network": ["api.example.org"]}
+        unknown = await client.call_tool("create_session", {**args, "secrets": ["NOPE"]})
+        unavailable = await client.call_tool("create_session", {**args, "secrets": ["GONE"]})
+    texts = [item.text for result in (unknown, unavailable) for item in result.content if isinstance(item, TextContent)]
+    assert unknown.is_error and "'NOPE' is not a secret this server declares (declared: GONE)" in texts[0]
+    assert unavailable.is_error and "GONE: the variable LLM_SANDBOX_TEST_UNSET is not set" in texts[1]
+    assert backend.created == []
