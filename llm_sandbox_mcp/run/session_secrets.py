@@ -109,9 +109,15 @@ def _redacted_file(artifact: Artifact, routes: SecretRoutes) -> Artifact:
     data = artifact.data
     if data is None or not any(value.encode() in data for value in routes.values()):
         return artifact
-    for binding in routes.bindings:
-        data = data.replace(binding.value.encode(), f"[secret {binding.spec.name} redacted]".encode())
+    data = redact_bytes(data, routes)
     return artifact.model_copy(update={"data": data, "size": len(data)})
+
+
+def redact_bytes(data: bytes, routes: SecretRoutes) -> bytes:
+    """A file's bytes with every secret's value replaced by a marker naming its secret."""
+    for binding in sorted(routes.bindings, key=lambda b: len(b.value), reverse=True):
+        data = data.replace(binding.value.encode(), f"[secret {binding.spec.name} redacted]".encode())
+    return data
 
 
 def redact_text(text: str, routes: SecretRoutes | None) -> str:

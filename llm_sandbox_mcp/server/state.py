@@ -300,8 +300,12 @@ class AppState:
     ) -> tuple[Download, bytes]:
         """The file's description and its bytes (for the image block a result may add)."""
         await self.ready()
-        ref = self._session(session_id).lease.ref
-        data = await self.files.download(ref, path)
+        session = self._session(session_id)
+        data = await self.files.download(session.lease.ref, path)
+        if session.secrets is not None:  # a file the session wrote reaches the client (or a host path) redacted
+            from llm_sandbox_mcp.run.session_secrets import redact_bytes
+
+            data = redact_bytes(data, session.secrets)
         written = await self.files.write_host(host_path, data, overwrite) if host_path is not None else None
         encoding, text = "host", None
         if written is None:

@@ -22,7 +22,7 @@ from llm_sandbox_mcp.egress.substitution import (
 )
 from llm_sandbox_mcp.host_rules import HostRule
 from llm_sandbox_mcp.models import Execution, Live
-from llm_sandbox_mcp.run.session_secrets import redact_execution
+from llm_sandbox_mcp.run.session_secrets import redact_bytes, redact_execution
 from llm_sandbox_mcp.secret_specs import SecretPlace, SecretSpec
 
 HOSTS = (HostRule("api.example.com", frozenset({443})),)
@@ -142,6 +142,7 @@ def test_what_a_session_returns_is_redacted() -> None:
     assert redacted.stderr == "and [secret FIELD redacted]"
     assert redacted.artifacts[0].data == b"[secret TOKEN redacted] here"
     assert redacted.artifacts[1].data == b"ok"
+    assert redact_bytes(b"VAL1VAL3", routes) == b"[secret TOKEN redacted][secret FIELD redacted]"  # download_file
 
 
 def test_output_read_while_a_session_runs_is_masked() -> None:
