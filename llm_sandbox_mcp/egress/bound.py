@@ -35,6 +35,7 @@ from llm_sandbox_mcp.egress.substitution import (
 logger = logging.getLogger(__name__)
 
 HANDSHAKE_SECONDS = 30.0
+IDLE_SECONDS = 300.0
 _CHUNK = 64 * 1024
 
 
@@ -135,9 +136,10 @@ async def _relay(buffered: BufferedByteReceiveStream, inner: TLSStream, far: TLS
 
     async with anyio.create_task_group() as both:
         both.start_soon(upward)
-        with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+        # Until the host closes (it was asked to, after its answer), or nothing came for IDLE_SECONDS.
+        with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, OSError, TimeoutError):
             while True:
-                with anyio.fail_after(300):
+                with anyio.fail_after(IDLE_SECONDS):
                     data = await far.receive()
                 masked = scrubber.feed(data)
                 if masked:
