@@ -17,6 +17,7 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -180,6 +181,16 @@ class Settings(BaseSettings):
     sandbox_project_images: bool = True
     sandbox_image_build_network: str | None = None
 
+    @field_validator("sandbox_secrets_file")
+    @classmethod
+    def _secrets_file(cls, path: Path | None) -> Path | None:
+        if path is not None:
+            try:
+                load_secret_specs(path)  # refused at start, naming the secret and its problem (never a value)
+            except ValueError as exc:
+                raise ValueError(str(exc).removeprefix(f"{env_name('sandbox_secrets_file')}: ")) from None
+        return path
+
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
         if min(self.sandbox_mem_limit, self.sandbox_session_max_memory) < MIN_MEMORY:
@@ -192,8 +203,6 @@ class Settings(BaseSettings):
             raise ValueError("SANDBOX_USER must be a numeric uid or uid:gid, e.g. 65534:65534")
         if self.sandbox_install_ca_bundle is not None and not self.sandbox_install_ca_bundle.is_file():
             raise ValueError("SANDBOX_INSTALL_CA_BUNDLE must name a readable PEM file")
-        if self.sandbox_secrets_file is not None:
-            load_secret_specs(self.sandbox_secrets_file)  # refused now, with the secret and its problem named
         if self.sandbox_k8s_pod_template is not None and not self.sandbox_k8s_pod_template.is_file():
             raise ValueError("SANDBOX_K8S_POD_TEMPLATE must name a readable YAML or JSON pod manifest")
         profile = self.sandbox_k8s_seccomp_profile
