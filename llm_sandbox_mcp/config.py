@@ -17,6 +17,7 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -26,6 +27,7 @@ from llm_sandbox_mcp.errors import ConfigError
 from llm_sandbox_mcp.host_memory import physical_memory
 from llm_sandbox_mcp.host_rules import HostRule
 from llm_sandbox_mcp.models import MIN_CPUS, MIN_MEMORY, Limits
+from llm_sandbox_mcp.secret_specs import load_secret_specs
 
 BackendChoice = Literal["auto", "docker", "podman", "kubernetes", "bubblewrap", "nsjail"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -163,6 +165,7 @@ class Settings(BaseSettings):
     sandbox_session_max_cpus: Annotated[float, Field(ge=MIN_CPUS)] = 2.0
     sandbox_session_network_mode: str | None = None
     sandbox_session_allow_hosts: HostList = Field(default_factory=lambda: [])
+    sandbox_secrets_file: Path | None = None
     sandbox_foreground_limit: PositiveFloat = 50.0
     sandbox_max_jobs: PositiveInt = 16
     sandbox_job_retention: PositiveFloat = 3600.0
@@ -177,6 +180,16 @@ class Settings(BaseSettings):
     sandbox_image_ruby: str = IMAGES["ruby"]
     sandbox_project_images: bool = True
     sandbox_image_build_network: str | None = None
+
+    @field_validator("sandbox_secrets_file")
+    @classmethod
+    def _secrets_file(cls, path: Path | None) -> Path | None:
+        if path is not None:
+            try:
+                load_secret_specs(path)  # refused at start, naming the secret and its problem (never a value)
+            except ValueError as exc:
+                raise ValueError(str(exc).removeprefix(f"{env_name('sandbox_secrets_file')}: ")) from None
+        return path
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:

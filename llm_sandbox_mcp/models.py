@@ -72,6 +72,8 @@ class SandboxSpec:
     # A zygote template container (SANDBOX_ZYGOTE on Docker/Podman): its kernel makes each one-shot call a
     # sandbox of its own in nested namespaces, so the engine lets it unshare and mount (see `run.zygote`).
     forks: bool = False
+    # Variables of this sandbox alone (a session's secrets: their placeholders and the proxy CA's files).
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -217,6 +219,8 @@ class Live:
         self._kept = 0
         self._tail = b""
         self._waiters: list[anyio.Event] = []
+        # Values of a session's secrets: masked (same length, offsets kept) in whatever is read of the output.
+        self.secrets: tuple[bytes, ...] = ()
 
     def feed(self, stream: Stream, data: bytes) -> None:
         if not data:
@@ -247,10 +251,16 @@ class Live:
                 continue
             part = data[max(0, offset - start) :]
             (out if stream == "stdout" else err).extend(part)
-        return bytes(out), bytes(err), max(0, first - max(offset, 0))
+        return self._masked(bytes(out)), self._masked(bytes(err)), max(0, first - max(offset, 0))
+
+    def _masked(self, data: bytes) -> bytes:
+        for value in self.secrets:
+            data = data.replace(value, b"*" * len(value))
+        return data
 
     def last_line(self) -> str:
-        lines = [line for line in self._tail.decode("utf-8", errors="replace").splitlines() if line.strip()]
+        tail = self._masked(self._tail).decode("utf-8", errors="replace")
+        lines = [line for line in tail.splitlines() if line.strip()]
         return one_line(lines[-1]) if lines else ""
 
     def summary(self) -> str:

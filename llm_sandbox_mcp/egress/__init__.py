@@ -6,7 +6,9 @@ that loopback as the proxy address and carries each connection over its own stdo
 server already holds for it, to a tunnel (tunnel.py) that hands the connection to the sandbox's proxy in this
 process (proxy.py). The proxy allows host names from the sandbox's allowlist (CONNECT by name, no TLS
 interception; plain HTTP by absolute URI), resolves them itself and refuses IP literals and names that resolve
-to non-public addresses, unless the operator listed that exact host.
+to non-public addresses, unless the operator listed that exact host. The one exception to end-to-end TLS: a
+session's secrets (bound.py), for whose hosts alone the proxy ends TLS with this server's CA (authority.py) to
+put each value at its bound place (substitution.py).
 
 One transport for every engine. Docker, Podman, Kubernetes, bubblewrap and NsJail all carry egress through the
 tunnel: nothing of the server's filesystem is mounted into a sandbox, so an engine in another VM or machine

@@ -56,9 +56,12 @@ class Refusal:
     # For the operator's log only (the addresses a name resolved to): the sandbox, which may be probing the
     # internal network through the proxy's resolver, and the model are never told.
     detail: str = ""
+    # Whether adding the host to the setting would allow it (not so for a secret's rules).
+    settable: bool = True
 
     def message(self, setting: str) -> str:
-        return f"{self.host}:{self.port} was refused ({self.reason}); {setting} can allow it"
+        fix = f"; {setting} can allow it" if self.settable else ""
+        return f"{self.host}:{self.port} was refused ({self.reason}){fix}"
 
     def logged(self, setting: str) -> str:
         return self.message(setting) + (f" [{self.detail}]" if self.detail else "")

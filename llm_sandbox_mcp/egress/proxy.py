@@ -8,7 +8,8 @@ A tunnel to port 80 or 443 of a named host must begin with a TLS ClientHello tha
 (`tls.py`): a CDN serves many sites behind one address, and the CONNECT name alone would let a tunnel opened
 for an allowed registry reach any of them. Plain HTTP goes as absolute-form requests, whose Host the proxy
 sets. Tunnels to an IP address or to another port (only ever allowed by an explicit host:port) are passed
-as they are: a protocol there may wait for the server to speak first.
+as they are: a protocol there may wait for the server to speak first. A CONNECT to a host:port a session's
+secret is bound to is the exception: TLS ends here (`bound.py`), and plain HTTP to a bound host is refused.
 
 Bounded everywhere: connections per sandbox, the request head's size, the time to send it, to resolve and to
 connect, and idle tunnels. No exception escapes a connection's handler: anything unexpected closes it.
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 
 from anyio.abc import SocketStream
 
+from llm_sandbox_mcp.egress.bound import SecretRoutes, StreamPair, serve_bound, upstream_tls
 from llm_sandbox_mcp.egress.policy import EgressPolicy, Refusal
 from llm_sandbox_mcp.egress.request import MAX_HEAD, BadRequest, Request, parse_head
 from llm_sandbox_mcp.egress.tls import NotAClientHello, read_client_hello, server_name
@@ -49,6 +51,8 @@ class EgressListener:
 
     policy: EgressPolicy
     label: str
+    # The session's secrets: TLS to their hosts ends here, every other tunnel stays end to end.
+    secrets: SecretRoutes | None = None
     refused: list[Refusal] = field(default_factory=lambda: [])
     # Allowed hosts the proxy could not reach (answered 502), for the install error.
     unreachable: list[str] = field(default_factory=lambda: [])
@@ -132,6 +136,13 @@ class EgressListener:
             self._refuse(rule)
             await _answer(writer, 403, rule.message(self.policy.setting))
             return
+        bound = self.secrets is not None and self.secrets.names_host(request.host)
+        if bound and not request.tunnel:
+            why = "a secret is bound to this host: only HTTPS reaches it"
+            refusal = Refusal(request.host, request.port, why, settable=False)
+            self._refuse(refusal)
+            await _answer(writer, 403, refusal.reason)
+            return
         upstream = upstream_for(request)
         if upstream is not None:
             streams = await self._through_upstream(upstream, request, writer)
@@ -141,6 +152,9 @@ class EgressListener:
             return
         far_reader, far_writer = streams
         try:
+            if self.secrets is not None and self.secrets.for_host(request.host, request.port):
+                await self._intercept(self.secrets, request, (reader, writer), (far_reader, far_writer))
+                return
             if request.tunnel:
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 if _names_its_tls(request):
@@ -155,6 +169,26 @@ class EgressListener:
             far_writer.close()
             with contextlib.suppress(Exception):
                 await far_writer.wait_closed()
+
+    async def _intercept(
+        self,
+        secrets: SecretRoutes,
+        request: Request,
+        near: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        far: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    ) -> None:
+        """A CONNECT to a host:port a secret is bound to: TLS to the real host first (verified), then to the
+        sandbox with this server's leaf, and one request between them (`bound.py`)."""
+        try:
+            upward = await upstream_tls(secrets, StreamPair(*far), request.host)
+        except Exception as exc:  # a verification failure, a reset, a timeout: the host is not reached
+            reason = getattr(exc, "verify_message", None) or getattr(exc, "reason", None) or type(exc).__name__
+            await self._unreachable(near[1], request, f"TLS to it failed ({reason})")
+            return
+        near[1].write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        why = await serve_bound(secrets, StreamPair(*near), upward, request.host, request.port, self.label)
+        if why is not None:
+            self._refuse(Refusal(request.host, request.port, why, settable=False))
 
     async def _client_hello(self, reader: asyncio.StreamReader, request: Request) -> bytes | None:
         """The tunnel's first records when they are a ClientHello naming the host asked for, else None
@@ -273,6 +307,6 @@ async def _splice(
         await asyncio.gather(*pipes, return_exceptions=True)
 
 
-def open_listener(policy: EgressPolicy, label: str) -> EgressListener:
+def open_listener(policy: EgressPolicy, label: str, secrets: SecretRoutes | None = None) -> EgressListener:
     """The proxy of one sandbox; its tunnel connects to it, and the caller closes it."""
-    return EgressListener(policy, label)
+    return EgressListener(policy, label, secrets)

@@ -13,7 +13,7 @@ from llm_sandbox_mcp.host_rules import normalize_host
 
 MAX_HEAD = 16 * 1024
 MAX_HEADERS = 100
-_TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _VERSIONS = (b"HTTP/1.0", b"HTTP/1.1")
 # Hop-by-hop headers, and the client's credentials for this proxy: never passed on.
 _DROPPED = frozenset({b"connection", b"proxy-connection", b"keep-alive", b"proxy-authorization", b"upgrade", b"te"})
@@ -45,7 +45,7 @@ def parse_head(data: bytes) -> Request:
         raise BadRequest("request head too large or incomplete")
     lines = data[:-4].split(b"\r\n")
     parts = lines[0].split(b" ")
-    if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or parts[2] not in _VERSIONS:
+    if len(parts) != 3 or not TOKEN.fullmatch(parts[0]) or parts[2] not in _VERSIONS:
         raise BadRequest("malformed request line")
     method, target = parts[0].decode("ascii"), parts[1]
     headers = _headers(lines[1:])
@@ -61,7 +61,7 @@ def _headers(lines: list[bytes]) -> list[tuple[bytes, bytes]]:
     headers: list[tuple[bytes, bytes]] = []
     for line in lines:
         name, colon, value = line.partition(b":")
-        if not colon or not _TOKEN.fullmatch(name) or b"\r" in value or b"\n" in value or b"\0" in value:
+        if not colon or not TOKEN.fullmatch(name) or b"\r" in value or b"\n" in value or b"\0" in value:
             raise BadRequest("malformed header")
         headers.append((name, value.strip(b" \t")))
     names = [name.lower() for name, _ in headers]

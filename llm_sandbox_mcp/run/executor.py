@@ -20,7 +20,7 @@ from llm_sandbox_mcp.backends import Backend, RuntimeProbe, stop_on_cancel
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.egress.proxy import EgressListener
 from llm_sandbox_mcp.egress.relay import Relay, start_relay
-from llm_sandbox_mcp.errors import InvalidRequest
+from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure
 from llm_sandbox_mcp.languages import Language, get_language
 from llm_sandbox_mcp.models import (
     EGRESS_NETWORK,
@@ -136,6 +136,17 @@ class Executor:
         """Start the relay from a session's sandbox to its egress proxy. Raises SandboxFailure."""
         return await start_relay(self.backend, lease.ref, listener, self.tunnels)
 
+    async def trust(self, lease: Lease, script: str, certificate: bytes) -> None:
+        """Write a CA certificate into a session's sandbox (`script` reads it on its input). Raises SandboxFailure."""
+        result = await self.backend.exec(
+            lease.ref, ["sh", "-c", script], timeout=30, stdin=certificate, output_limit=4096
+        )
+        if result.exit_code != 0:
+            problem = result.stderr.decode("utf-8", errors="replace").strip()[-300:]
+            raise SandboxFailure(
+                f"could not give the sandbox the proxy's CA certificate: {problem or result.exit_code}"
+            )
+
     async def inspect(self, lease: Lease, argv: list[str], timeout: float, output_limit: int) -> ExecResult:
         """A short command in a leased sandbox, outside any run (what a session uses, say)."""
         return await self.backend.exec(lease.ref, argv, timeout=timeout, output_limit=output_limit)
@@ -234,11 +245,18 @@ class Executor:
         return policy.status(spec, policy.served > served, execution.exit_code, execution.stdout)
 
     async def open(
-        self, lang: Language, libraries: list[str], limits: Limits, live: Live | None = None, egress: bool = False
+        self,
+        lang: Language,
+        libraries: list[str],
+        limits: Limits,
+        live: Live | None = None,
+        egress: bool = False,
+        env: dict[str, str] | None = None,
     ) -> Lease:
         """A sandbox of its own (with its interpreter) for a session, outside the pool; `egress`: whether it may
-        reach an egress proxy (through a relay the caller starts)."""
-        spec = replace(await self._spec(lang, libraries, limits, live), egress=egress)
+        reach an egress proxy (through a relay the caller starts); `env`: variables of its own."""
+        spec = await self._spec(lang, libraries, limits, live)
+        spec = replace(spec, egress=egress, env=tuple(sorted((env or {}).items())))
         if live is not None:
             live.phase = "starting the sandbox"
         return await self._leases.make(WarmKey(lang.name, spec), False, one_shot=False)

@@ -7,24 +7,32 @@ within the operator's maxima, an idle TTL and a maximum lifetime. One call at a 
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from dataclasses import dataclass, field, replace
+from secrets import token_hex
 
 import anyio
 
 from llm_sandbox_mcp.config import Settings, parse_size
 from llm_sandbox_mcp.durations import duration
+from llm_sandbox_mcp.egress.bound import SecretRoutes
 from llm_sandbox_mcp.egress.policy import EgressPolicy
 from llm_sandbox_mcp.egress.proxy import EgressListener, open_listener
 from llm_sandbox_mcp.egress.relay import Relay, relay_alive
-from llm_sandbox_mcp.errors import InvalidRequest, SandboxFailure, SandboxNotFound
+from llm_sandbox_mcp.errors import InvalidRequest, SandboxError, SandboxFailure, SandboxNotFound
 from llm_sandbox_mcp.host_rules import HostRule
 from llm_sandbox_mcp.languages import Language, get_language
 from llm_sandbox_mcp.models import EGRESS_NETWORK, MIN_CPUS, MIN_MEMORY, Execution, Limits, Live
 from llm_sandbox_mcp.run.executor import Executor, Program
 from llm_sandbox_mcp.run.leases import Lease
 from llm_sandbox_mcp.run.modes import Cell
+from llm_sandbox_mcp.run.session_secrets import (
+    TRUST_SCRIPT,
+    SessionSecrets,
+    placeholders_env,
+    redact_execution,
+    redact_text,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +60,8 @@ class Session:
     # The session's egress proxy and the relay to it in its sandbox, when it was given hosts.
     egress: EgressListener | None = None
     relay: Relay | None = None
+    # The secrets it was given (their values stay in this process).
+    secrets: SecretRoutes | None = None
 
     def describe(self) -> dict[str, object]:
         now = time.monotonic()
@@ -67,6 +77,7 @@ class Session:
             "cpus": limits.cpus,
             "network": EGRESS_NETWORK if self.egress is not None else limits.network_mode,
             "allowed_hosts": self.egress.policy.summary() if self.egress is not None else [],
+            "secrets": [binding.spec.name for binding in self.secrets.bindings] if self.secrets is not None else [],
         }
 
 
@@ -79,6 +90,7 @@ class SessionRegistry:
         self._sessions: dict[str, Session] = {}
         self._creating = 0
         self._why_gone: dict[str, str] = {}
+        self.secrets = SessionSecrets(settings)
 
     async def create(
         self,
@@ -88,6 +100,7 @@ class SessionRegistry:
         cpus: float | None = None,
         network: bool | list[str] = False,
         live: Live | None = None,
+        secrets: list[str] | None = None,
     ) -> Session:
         lang = get_language(language)
         specs = lang.check_libraries(libraries)
@@ -98,11 +111,15 @@ class SessionRegistry:
             )
         limits = self._limits(memory, cpus, network is True)
         policy = self._egress(network) if isinstance(network, list) and network else None
-        session_id = f"s-{secrets.token_hex(8)}"
+        routes = self.secrets.bind(secrets, policy) if secrets else None
+        session_id = f"s-{token_hex(8)}"
         self._creating += 1
-        listener = open_listener(policy, f"session {session_id}") if policy is not None else None
+        listener = open_listener(policy, f"session {session_id}", routes) if policy is not None else None
+        env = placeholders_env(routes) if routes is not None else None
         try:
-            lease = await self.executor.open(lang, specs, limits, live, egress=listener is not None)
+            lease = await self.executor.open(lang, specs, limits, live, egress=listener is not None, env=env)
+            if routes is not None:
+                await self._trust(lease, routes)
         except BaseException:
             if listener is not None:
                 with anyio.CancelScope(shield=True):
@@ -110,10 +127,19 @@ class SessionRegistry:
             raise
         finally:
             self._creating -= 1
-        session = Session(id=session_id, language=lang, libraries=specs, lease=lease, egress=listener)
+        session = Session(id=session_id, language=lang, libraries=specs, lease=lease, egress=listener, secrets=routes)
         self._sessions[session.id] = session
-        logger.info("Session %s (%s) created", session.id, lang.name)
+        given = f" with secrets {', '.join(b.spec.name for b in routes.bindings)}" if routes is not None else ""
+        logger.info("Session %s (%s) created%s", session.id, lang.name, given)
         return session
+
+    async def _trust(self, lease: Lease, routes: SecretRoutes) -> None:
+        """The proxy's CA into the sandbox; the sandbox is closed again when it cannot take it."""
+        try:
+            await self.executor.trust(lease, TRUST_SCRIPT, routes.authority.certificate_pem)
+        except BaseException:
+            await self.executor.close(lease)
+            raise
 
     def _egress(self, wanted: list[str]) -> EgressPolicy:
         """The hosts a session asked for, each within SANDBOX_SESSION_ALLOW_HOSTS; explicit where the operator
@@ -248,6 +274,8 @@ class SessionRegistry:
         """`execute` for a cell already validated (`prepare`)."""
         session = self.get(session_id)
         live = live or Live()
+        if session.secrets is not None:
+            live.secrets = tuple(value.encode() for value in session.secrets.values())
         live.phase = "waiting for the session's previous call" if session.lock.locked() else "queued"
         async with session.lock, self.executor.limiter:
             if session.id not in self._sessions:
@@ -255,10 +283,13 @@ class SessionRegistry:
             try:
                 await self._relay(session)
                 execution = await self.executor.run(session.lease, program, session.cell, live)
+            except SandboxError as exc:  # its message may quote the sandbox's output
+                exc.args = (redact_text(str(exc), session.secrets),)
+                raise
             finally:
                 session.last_used = time.monotonic()
         execution.session_id = session.id
-        return execution
+        return execution if session.secrets is None else redact_execution(execution, session.secrets)
 
     async def _relay(self, session: Session) -> None:
         """Have the relay to the session's proxy running (a timeout's kill, or the code, may have ended it)."""

@@ -68,6 +68,11 @@ class SessionInfo(BaseModel):
     cpus: float
     network: str = Field(description="none; egress (only allowed_hosts, through the server's proxy); or a network")
     allowed_hosts: list[str] = Field(default_factory=lambda: [], description="Hosts the session may reach")
+    secrets: list[str] = Field(
+        default_factory=lambda: [],
+        description="Secrets given to the session: each an environment variable holding a placeholder that the "
+        "proxy replaces with the value only in requests to the secret's hosts",
+    )
     workspace_bytes: int | None = Field(default=None, description="Bytes in /workspace now (list_sessions)")
     memory_bytes: int | None = Field(
         default=None, description="Memory the sandbox uses now, where the engine shows it (list_sessions)"

@@ -66,10 +66,22 @@ def register_session_tools(server: MCPServer[Any], state: AppState) -> None:
                 "refused). false: no network. true: unrestricted network, refused unless the operator allows it",
             ),
         ] = False,
+        secrets: Annotated[
+            list[Annotated[str, Field(max_length=64)]],
+            Field(
+                description="Names of secrets the operator declared (SANDBOX_SECRETS_FILE), such as ['GITHUB_TOKEN']. "
+                "Each becomes an environment variable holding a placeholder; the server's proxy puts the real "
+                "value in its place only in HTTPS requests to that secret's hosts, which network must include. "
+                "The code never sees the value",
+                max_length=20,
+            ),
+        ] = [],  # noqa: B006 - pydantic copies defaults
         ctx: Context[AppState, Any] | None = None,
     ) -> SessionInfo:
         with tool_errors():
-            return await state.create_session(language, libraries, memory, cpus, network, progress_of(ctx))
+            return await state.create_session(
+                language, libraries, memory, cpus, network, progress_of(ctx), secrets or None
+            )
 
     @server.tool(
         description="Close a session and destroy its sandbox. Its variables and files are gone afterwards.",

@@ -240,13 +240,14 @@ class AppState:
         cpus: float | None,
         network: bool | list[str],
         progress: Report | None = None,
+        secrets: list[str] | None = None,
     ) -> SessionInfo:
         from llm_sandbox_mcp.run.jobs import reporting
 
         await self.ready()
         sessions, live = self.sessions, Live()
         session = await reporting(
-            live, progress, lambda: sessions.create(language, libraries, memory, cpus, network, live)
+            live, progress, lambda: sessions.create(language, libraries, memory, cpus, network, live, secrets)
         )
         return SessionInfo.model_validate(session.describe())
 
@@ -299,8 +300,12 @@ class AppState:
     ) -> tuple[Download, bytes]:
         """The file's description and its bytes (for the image block a result may add)."""
         await self.ready()
-        ref = self._session(session_id).lease.ref
-        data = await self.files.download(ref, path)
+        session = self._session(session_id)
+        data = await self.files.download(session.lease.ref, path)
+        if session.secrets is not None:  # a file the session wrote reaches the client (or a host path) redacted
+            from llm_sandbox_mcp.run.session_secrets import redact_bytes
+
+            data = redact_bytes(data, session.secrets)
         written = await self.files.write_host(host_path, data, overwrite) if host_path is not None else None
         encoding, text = "host", None
         if written is None:
