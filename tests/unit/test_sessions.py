@@ -268,3 +268,54 @@ async def test_the_record_of_closed_sessions_is_bounded_and_keeps_the_most_recen
             registry.get(ids[-1])
         with pytest.raises(SandboxNotFound, match="no session with that id"):
             registry.get(ids[0])
+
+
+async def test_a_session_and_a_job_are_unknown_to_any_owner_but_their_own() -> None:
+    """What the HTTP face relies on for principals: another owner's id reads exactly as one that never existed."""
+    import anyio.lowlevel
+
+    from llm_sandbox_mcp.errors import InvalidRequest
+    from llm_sandbox_mcp.models import Execution, Live
+    from llm_sandbox_mcp.run.jobs import Job, JobRegistry
+
+    settings = Settings(sandbox_pool_size=0)
+    quota = (1, "SANDBOX_HTTP_MAX_SESSIONS_PER_PRINCIPAL")
+    async with Executor(settings, FakeBackend()) as executor:
+        registry = SessionRegistry(settings, executor)
+        mine = await registry.create("python", [], owner="alice", owner_quota=quota)
+        with pytest.raises(
+            InvalidRequest, match=r"maximum of 1 sessions .*\(SANDBOX_HTTP_MAX_SESSIONS_PER_PRINCIPAL\)"
+        ):
+            await registry.create("python", [], owner="alice", owner_quota=quota)
+        theirs = await registry.create("python", [], owner="bob", owner_quota=quota)
+        assert [s.id for s in registry.list("alice")] == [mine.id] and registry.list() == []
+        with pytest.raises(SandboxNotFound) as never:
+            registry.get("s-0000000000000000", "bob")
+        for owner in ("bob", ""):
+            with pytest.raises(SandboxNotFound) as other:
+                registry.get(mine.id, owner)
+            assert str(other.value) == str(never.value).replace("s-0000000000000000", mine.id)
+            with pytest.raises(SandboxNotFound):
+                await registry.close(mine.id, owner=owner)
+        await registry.close(mine.id, owner="alice")
+        await registry.close(mine.id, owner="alice")  # closing one's own closed session again is not an error
+        with pytest.raises(SandboxNotFound, match="no session with that id"):  # not "it was closed"
+            await registry.close(mine.id, owner="bob")
+        with pytest.raises(SandboxNotFound, match="it was closed"):
+            registry.get(mine.id, "alice")
+        assert registry.get(theirs.id, "bob") is theirs
+        await registry.aclose()
+
+    async def work(live: Live) -> Execution:
+        await anyio.lowlevel.checkpoint()
+        raise InvalidRequest("not run")
+
+    async with JobRegistry(settings) as jobs:
+        job = await jobs.run(work, "python", None, background=True, owner="alice")
+        assert isinstance(job, Job)
+        assert (await jobs.wait(job.id, 5, owner="alice")).state == "failed"
+        for owner in ("bob", ""):
+            with pytest.raises(SandboxNotFound, match="is not known: it never existed"):
+                await jobs.wait(job.id, 0, owner=owner)
+            with pytest.raises(SandboxNotFound, match="is not known: it never existed"):
+                await jobs.cancel(job.id, owner=owner)
