@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -319,3 +320,24 @@ async def test_a_session_and_a_job_are_unknown_to_any_owner_but_their_own() -> N
                 await jobs.wait(job.id, 0, owner=owner)
             with pytest.raises(SandboxNotFound, match="is not known: it never existed"):
                 await jobs.cancel(job.id, owner=owner)
+
+
+@pytest.mark.parametrize("over_http", [False, True], ids=["stdio", "http"])
+async def test_over_http_host_files_are_refused_even_below_an_allowed_directory(
+    tmp_path: Path, over_http: bool
+) -> None:
+    (tmp_path / "shared.txt").write_text("the host's")
+    settings = Settings(sandbox_pool_size=0, sandbox_host_dirs=[str(tmp_path)])
+    state = AppState(settings, over_http=over_http)
+    async with Client(build_server(settings, FakeBackend(handler=lambda call: ok()), state)) as client:
+        session = {"session_id": _payload(await client.call_tool("create_session", {}))["session_id"]}
+        upload = await client.call_tool(
+            "upload_file", {**session, "path": "a.txt", "host_path": str(tmp_path / "shared.txt")}
+        )
+        download = await client.call_tool("download_file", {**session, "path": "a.txt", "host_path": str(tmp_path)})
+    if over_http:
+        for result in (upload, download):
+            assert result.is_error and "host_path is not available over HTTP" in _text(result)
+    else:
+        assert not upload.is_error, _text(upload)
+        assert "not available over HTTP" not in _text(download)
