@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -95,8 +96,16 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         assert time.monotonic() < deadline, log.read_text()
         time.sleep(0.2)
     yield Served(url, process, log, stdout)
+
+    async def open_session() -> str:
+        async with _client(Served(url, process, log, stdout), ALICE) as alice:
+            return _structured(await alice.call_tool("create_session", {}))["session_id"]
+
+    # Stopping with a session open: its sandbox goes with the server, which then ends by the signal it got.
+    session_id = anyio.run(open_session)
     process.terminate()
-    assert process.wait(timeout=60) is not None
+    assert process.wait(timeout=60) == -signal.SIGTERM
+    assert f"Session {session_id} closed: the server shut down" in log.read_text()
 
 
 def _as(token: str) -> httpx2.AsyncClient:
