@@ -180,6 +180,7 @@ class Settings(BaseSettings):
     sandbox_http_tokens_file: Path | None = None
     sandbox_http_max_calls_per_principal: PositiveInt = 4
     sandbox_http_max_sessions_per_principal: PositiveInt = 4
+    sandbox_http_max_jobs_per_principal: PositiveInt = 4
     sandbox_http_max_body: Size = 4 * 1024**2
 
     @model_validator(mode="after")

@@ -77,14 +77,16 @@ class JobRegistry(TaskOwner):
         background: bool,
         progress: Report | None = None,
         owner: str = "",
+        owner_quota: tuple[int, str] | None = None,
     ) -> Execution | Job:
         """Start `work`. In the background: the job at once. In the foreground: its outcome (its error raised),
-        or the job when it is still running at the foreground limit and the job table has room."""
+        or the job when it is still running at the foreground limit and the job table has room, for `owner`
+        too when `owner_quota` (the most running jobs one owner may have, and the setting that says so) is given."""
         if self._tasks is None:
             raise SandboxError("The server is shutting down")
         self._prune()
         if background:
-            self._make_room()
+            self._make_room(owner, owner_quota)
         job = Job(id=f"j-{secrets.token_hex(6)}", language=language, session_id=session_id, live=Live(), owner=owner)
         if background:
             self._register(job)
@@ -97,7 +99,7 @@ class JobRegistry(TaskOwner):
                     waiting.start_soon(_report, job.live, progress)
                 with anyio.move_on_after(self.settings.sandbox_foreground_limit):
                     await job.done.wait()
-                if not job.done.is_set() and self._has_room():
+                if not job.done.is_set() and self._owner_has_room(owner, owner_quota) and self._has_room():
                     self._register(job)
                 else:
                     await job.done.wait()
@@ -146,7 +148,16 @@ class JobRegistry(TaskOwner):
             del self._jobs[finished.pop(0).id]
         return True
 
-    def _make_room(self) -> None:
+    def _owner_has_room(self, owner: str, quota: tuple[int, str] | None) -> bool:
+        running = sum(1 for job in self._jobs.values() if job.finished is None and job.owner == owner)
+        return quota is None or running < quota[0]
+
+    def _make_room(self, owner: str, quota: tuple[int, str] | None) -> None:
+        if quota is not None and not self._owner_has_room(owner, quota):
+            raise InvalidRequest(
+                f"You have the maximum of {quota[0]} running jobs that this server allows each user ({quota[1]}); "
+                "wait for one to finish, or cancel one with cancel_job"
+            )
         if not self._has_room():
             raise InvalidRequest(
                 f"The maximum of {self.settings.sandbox_max_jobs} running jobs (SANDBOX_MAX_JOBS) is reached; wait "

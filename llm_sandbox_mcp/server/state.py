@@ -5,7 +5,7 @@ so a tool answers with that text rather than failing obscurely. The engine side 
 files) is imported only for types here: the server answers tools/list before the lifespan imports it.
 
 Sessions and jobs are the caller's own (`principals.caller()`): the registries are asked with the caller as
-owner. Served over HTTP (`over_http`), each principal also has a quota of open sessions, and `host_path`
+owner. Served over HTTP (`over_http`), each principal also has quotas of open sessions and running jobs, and `host_path`
 is refused: the server's files belong to no principal.
 """
 
@@ -130,7 +130,12 @@ class AppState:
             async def work(live: Live) -> Execution:
                 return await executor.execute_program(program, live)
 
-        outcome = await self.jobs.run(work, language, session_id, background, progress, caller())
+        quota = (
+            (self.settings.sandbox_http_max_jobs_per_principal, "SANDBOX_HTTP_MAX_JOBS_PER_PRINCIPAL")
+            if self.over_http
+            else None
+        )
+        outcome = await self.jobs.run(work, language, session_id, background, progress, caller(), quota)
         return outcome if isinstance(outcome, Execution) else self._handle(outcome, background)
 
     def _handle(self, job: Job, background: bool) -> Execution:

@@ -320,6 +320,22 @@ async def test_a_session_and_a_job_are_unknown_to_any_owner_but_their_own() -> N
                 await jobs.wait(job.id, 0, owner=owner)
             with pytest.raises(SandboxNotFound, match="is not known: it never existed"):
                 await jobs.cancel(job.id, owner=owner)
+        release = anyio.Event()
+
+        async def blocked(live: Live) -> Execution:
+            await release.wait()
+            raise InvalidRequest("not run")
+
+        jobs_quota = (1, "SANDBOX_HTTP_MAX_JOBS_PER_PRINCIPAL")
+        running = await jobs.run(blocked, "python", None, background=True, owner="alice", owner_quota=jobs_quota)
+        with pytest.raises(
+            InvalidRequest, match=r"maximum of 1 running jobs .*\(SANDBOX_HTTP_MAX_JOBS_PER_PRINCIPAL\)"
+        ):
+            await jobs.run(blocked, "python", None, background=True, owner="alice", owner_quota=jobs_quota)
+        other = await jobs.run(blocked, "python", None, background=True, owner="bob", owner_quota=jobs_quota)
+        release.set()
+        for job_of, owner in ((running, "alice"), (other, "bob")):
+            assert isinstance(job_of, Job) and (await jobs.wait(job_of.id, 5, owner=owner)).state == "failed"
 
 
 @pytest.mark.parametrize("over_http", [False, True], ids=["stdio", "http"])
