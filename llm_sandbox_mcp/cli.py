@@ -1,4 +1,5 @@
-"""Command line: `llm-sandbox-mcp` serves MCP over stdio; `doctor` checks the engines; `run` runs a file once;
+"""Command line: `llm-sandbox-mcp` serves MCP over stdio (`serve --http HOST:PORT`: over HTTP); `doctor` checks
+the engines; `run` runs a file once;
 `install` / `uninstall` put the server into an MCP client's configuration or take it out."""
 
 from __future__ import annotations
@@ -35,7 +36,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command")
-    commands.add_parser("serve", help="serve MCP over stdio (the default)")
+    serve = commands.add_parser("serve", help="serve MCP over stdio (the default), or over HTTP with --http")
+    serve.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio; needs SANDBOX_HTTP_TOKENS_FILE "
+        "(see docs/http.md)",
+    )
+    serve.add_argument(
+        "--allow-unauthenticated-loopback",
+        action="store_true",
+        help="with --http on a loopback address and no SANDBOX_HTTP_TOKENS_FILE: serve without authentication, "
+        "every process and user of this machine as one principal",
+    )
     commands.add_parser("doctor", help="check which backends are usable here")
     commands.add_parser(
         "seccomp-profile", help="print the sandboxes' seccomp profile (Docker/OCI JSON), to install on a host or node"
@@ -117,7 +130,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         from llm_sandbox_mcp.commands import images as image_commands
 
         return anyio.run(image_commands.run, settings, args)
+    if getattr(args, "http", None):
+        return _serve_http(settings, args.http, args.allow_unauthenticated_loopback)
     anyio.run(_serve, settings)
+    _exit_at_once(0)
+
+
+def _serve_http(settings: Settings, listen_text: str, unauthenticated_loopback: bool) -> int:
+    from llm_sandbox_mcp.server.http import check_authentication, parse_listen, serve_http
+
+    try:
+        listen = parse_listen(listen_text)
+        tokens = check_authentication(settings, listen, unauthenticated_loopback)
+        anyio.run(serve_http, settings, listen, tokens)
+    except ConfigError as exc:
+        for line in exc.problems:
+            sys.stderr.write(f"llm-sandbox-mcp: {line}\n")
+        return 2
     _exit_at_once(0)
 
 

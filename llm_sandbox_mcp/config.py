@@ -180,6 +180,11 @@ class Settings(BaseSettings):
     sandbox_image_ruby: str = IMAGES["ruby"]
     sandbox_project_images: bool = True
     sandbox_image_build_network: str | None = None
+    sandbox_http_tokens_file: Path | None = None
+    sandbox_http_max_calls_per_principal: PositiveInt = 4
+    sandbox_http_max_sessions_per_principal: PositiveInt = 4
+    sandbox_http_max_jobs_per_principal: PositiveInt = 4
+    sandbox_http_max_body: Size = 4 * 1024**2
 
     @field_validator("sandbox_secrets_file")
     @classmethod

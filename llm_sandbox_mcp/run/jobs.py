@@ -5,7 +5,8 @@ started it. A foreground call waits for it (sending progress meanwhile) up to SA
 hands back a job id instead of being cut off by the client. Cancelling the call cancels its run, unless the
 run has become a job; `cancel_job` cancels a job. A finished job's outcome is kept for SANDBOX_JOB_RETENTION
 seconds. Jobs never outlive the server: closing the registry cancels them, and each one's run stops and gives
-back its sandbox as any cancelled run does.
+back its sandbox as any cancelled run does. A job belongs to the owner that started it ("" for the one
+implicit principal of stdio): to anyone else its id is unknown, exactly as one that never existed.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Job:
     language: str
     session_id: str | None
     live: Live
+    owner: str = ""
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     done: anyio.Event = field(default_factory=anyio.Event)
     state: JobState = "running"
@@ -68,16 +70,24 @@ class JobRegistry(TaskOwner):
         self._jobs: dict[str, Job] = {}
 
     async def run(
-        self, work: Work, language: str, session_id: str | None, background: bool, progress: Report | None = None
+        self,
+        work: Work,
+        language: str,
+        session_id: str | None,
+        background: bool,
+        progress: Report | None = None,
+        owner: str = "",
+        owner_quota: tuple[int, str] | None = None,
     ) -> Execution | Job:
         """Start `work`. In the background: the job at once. In the foreground: its outcome (its error raised),
-        or the job when it is still running at the foreground limit and the job table has room."""
+        or the job when it is still running at the foreground limit and the job table has room, for `owner`
+        too when `owner_quota` (the most running jobs one owner may have, and the setting that says so) is given."""
         if self._tasks is None:
             raise SandboxError("The server is shutting down")
         self._prune()
         if background:
-            self._make_room()
-        job = Job(id=f"j-{secrets.token_hex(6)}", language=language, session_id=session_id, live=Live())
+            self._make_room(owner, owner_quota)
+        job = Job(id=f"j-{secrets.token_hex(6)}", language=language, session_id=session_id, live=Live(), owner=owner)
         if background:
             self._register(job)
         self._tasks.start_soon(self._drive, job, work)
@@ -89,7 +99,7 @@ class JobRegistry(TaskOwner):
                     waiting.start_soon(_report, job.live, progress)
                 with anyio.move_on_after(self.settings.sandbox_foreground_limit):
                     await job.done.wait()
-                if not job.done.is_set() and self._has_room():
+                if not job.done.is_set() and self._owner_has_room(owner, owner_quota) and self._has_room():
                     self._register(job)
                 else:
                     await job.done.wait()
@@ -138,7 +148,16 @@ class JobRegistry(TaskOwner):
             del self._jobs[finished.pop(0).id]
         return True
 
-    def _make_room(self) -> None:
+    def _owner_has_room(self, owner: str, quota: tuple[int, str] | None) -> bool:
+        running = sum(1 for job in self._jobs.values() if job.finished is None and job.owner == owner)
+        return quota is None or running < quota[0]
+
+    def _make_room(self, owner: str, quota: tuple[int, str] | None) -> None:
+        if quota is not None and not self._owner_has_room(owner, quota):
+            raise InvalidRequest(
+                f"You have the maximum of {quota[0]} running jobs that this server allows each user ({quota[1]}); "
+                "wait for one to finish, or cancel one with cancel_job"
+            )
         if not self._has_room():
             raise InvalidRequest(
                 f"The maximum of {self.settings.sandbox_max_jobs} running jobs (SANDBOX_MAX_JOBS) is reached; wait "
@@ -152,10 +171,10 @@ class JobRegistry(TaskOwner):
             if job.finished is not None and now - job.finished > retention:
                 del self._jobs[job_id]
 
-    def get(self, job_id: str) -> Job:
+    def get(self, job_id: str, owner: str = "") -> Job:
         self._prune()
         job = self._jobs.get(job_id)
-        if job is None:
+        if job is None or job.owner != owner:
             raise SandboxNotFound(
                 f"Job {job_id!r} is not known: it never existed, or it finished more than "
                 f"{self.settings.sandbox_job_retention:g} s ago (SANDBOX_JOB_RETENTION), or its slot went to a new "
@@ -163,16 +182,16 @@ class JobRegistry(TaskOwner):
             )
         return job
 
-    async def wait(self, job_id: str, seconds: float) -> Job:
+    async def wait(self, job_id: str, seconds: float, owner: str = "") -> Job:
         """The job, once finished or after `seconds` (at most the foreground limit), whichever comes first."""
-        job = self.get(job_id)
+        job = self.get(job_id, owner)
         with anyio.move_on_after(min(seconds, self.settings.sandbox_foreground_limit)):
             await job.done.wait()
         return job
 
-    async def cancel(self, job_id: str) -> Job:
+    async def cancel(self, job_id: str, owner: str = "") -> Job:
         """Stop a job and wait until its run has stopped; cancelling a finished job changes nothing."""
-        job = self.get(job_id)
+        job = self.get(job_id, owner)
         job.scope.cancel()
         await job.done.wait()
         return job

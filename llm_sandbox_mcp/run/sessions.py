@@ -2,6 +2,9 @@
 
 A session has a server-issued id, a language, libraries fixed at creation, optional per-session limits
 within the operator's maxima, an idle TTL and a maximum lifetime. One call at a time runs in a session.
+
+Every session has an owner (the principal that created it; "" for the one implicit principal of stdio): to
+anyone else its id is unknown, exactly as an id that never existed.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class Session:
     language: Language
     libraries: list[str]
     lease: Lease
+    owner: str = ""
     created: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
     cell: Cell = field(default_factory=Cell)
@@ -88,8 +92,9 @@ class SessionRegistry:
         self.settings = settings
         self.executor = executor
         self._sessions: dict[str, Session] = {}
-        self._creating = 0
-        self._why_gone: dict[str, str] = {}
+        self._creating: dict[str, int] = {}
+        # Why a recently closed session is gone, with its owner: told to that owner only.
+        self._why_gone: dict[str, tuple[str, str]] = {}
         self.secrets = SessionSecrets(settings)
 
     async def create(
@@ -101,19 +106,31 @@ class SessionRegistry:
         network: bool | list[str] = False,
         live: Live | None = None,
         secrets: list[str] | None = None,
+        *,
+        owner: str = "",
+        owner_quota: tuple[int, str] | None = None,
     ) -> Session:
+        """A new session for `owner`; `owner_quota` is the most sessions one owner may hold and the setting
+        that says so (none over stdio, where the server-wide maximum is the owner's)."""
         lang = get_language(language)
         specs = lang.check_libraries(libraries)
-        if len(self._sessions) + self._creating >= self.settings.sandbox_max_sessions:
+        if len(self._sessions) + sum(self._creating.values()) >= self.settings.sandbox_max_sessions:
             raise InvalidRequest(
                 f"The maximum of {self.settings.sandbox_max_sessions} sessions (SANDBOX_MAX_SESSIONS) is open; "
                 "close one with close_session (list_sessions shows them)"
             )
+        if owner_quota is not None:
+            most, setting = owner_quota
+            if len(self.list(owner)) + self._creating.get(owner, 0) >= most:
+                raise InvalidRequest(
+                    f"You have the maximum of {most} sessions open that this server allows each user ({setting}); "
+                    "close one with close_session (list_sessions shows yours)"
+                )
         limits = self._limits(memory, cpus, network is True)
         policy = self._egress(network) if isinstance(network, list) and network else None
         routes = self.secrets.bind(secrets, policy) if secrets else None
         session_id = f"s-{token_hex(8)}"
-        self._creating += 1
+        self._creating[owner] = self._creating.get(owner, 0) + 1
         listener = open_listener(policy, f"session {session_id}", routes) if policy is not None else None
         env = placeholders_env(routes) if routes is not None else None
         try:
@@ -126,8 +143,12 @@ class SessionRegistry:
                     await listener.aclose()
             raise
         finally:
-            self._creating -= 1
-        session = Session(id=session_id, language=lang, libraries=specs, lease=lease, egress=listener, secrets=routes)
+            self._creating[owner] -= 1
+            if not self._creating[owner]:
+                del self._creating[owner]
+        session = Session(
+            id=session_id, language=lang, libraries=specs, lease=lease, owner=owner, egress=listener, secrets=routes
+        )
         self._sessions[session.id] = session
         given = f" with secrets {', '.join(b.spec.name for b in routes.bindings)}" if routes is not None else ""
         logger.info("Session %s (%s) created%s", session.id, lang.name, given)
@@ -208,27 +229,32 @@ class SessionRegistry:
             limits = replace(limits, network_mode=mode)
         return limits
 
-    def get(self, session_id: str) -> Session:
+    def get(self, session_id: str, owner: str = "") -> Session:
+        """The session, if `owner` owns it; anyone else's is as unknown as one that never existed."""
         session = self._sessions.get(session_id)
-        if session is None:
-            raise self._gone(session_id)
+        if session is None or session.owner != owner:
+            raise self._gone(session_id, owner)
         return session
 
-    def _gone(self, session_id: str) -> SandboxNotFound:
-        why = self._why_gone.get(session_id, "this server has no session with that id (none survive a restart)")
+    def _gone(self, session_id: str, owner: str) -> SandboxNotFound:
+        closer, why = self._why_gone.get(session_id, (owner, ""))
+        if closer != owner or not why:
+            why = "this server has no session with that id (none survive a restart)"
         return SandboxNotFound(
             f"Session {session_id!r} is gone: {why}. Create a new one with create_session; "
             "none of its variables or files are kept."
         )
 
-    def list(self) -> list[Session]:
-        return sorted(self._sessions.values(), key=lambda session: session.created)
+    def list(self, owner: str = "") -> list[Session]:
+        """`owner`'s sessions, oldest first."""
+        return sorted((s for s in self._sessions.values() if s.owner == owner), key=lambda session: session.created)
 
-    async def close(self, session_id: str, why: str = "it was closed") -> None:
+    async def close(self, session_id: str, why: str = "it was closed", owner: str = "") -> None:
         """Close a session; closing one that is already closed is not an error (an unknown id is)."""
-        if session_id in self._why_gone:
+        gone = self._why_gone.get(session_id)
+        if gone is not None and gone[0] == owner:
             return
-        self.get(session_id)
+        self.get(session_id, owner)
         await self._discard(session_id, why)
 
     async def _discard(self, session_id: str, why: str) -> None:
@@ -236,7 +262,7 @@ class SessionRegistry:
         session = self._sessions.pop(session_id, None)
         if session is None:
             return
-        self._why_gone[session_id] = why
+        self._why_gone[session_id] = (session.owner, why)
         while len(self._why_gone) > _REMEMBERED_CLOSES:
             del self._why_gone[next(iter(self._why_gone))]
         try:
@@ -250,9 +276,11 @@ class SessionRegistry:
                 await session.egress.aclose()
         logger.info("Session %s closed: %s", session_id, why)
 
-    def prepare(self, session_id: str, code: str, libraries: list[str], timeout: float | None) -> Program:
+    def prepare(
+        self, session_id: str, code: str, libraries: list[str], timeout: float | None, owner: str = ""
+    ) -> Program:
         """Validate a cell for a session before it runs (or is queued as a job). Raises what the caller can fix."""
-        session = self.get(session_id)
+        session = self.get(session_id, owner)
         program = self.executor.program(code, session.language.name, libraries, timeout)
         missing = sorted(set(program.libraries) - set(session.libraries))
         if missing:
@@ -270,16 +298,16 @@ class SessionRegistry:
         A cancelled cell ends as if interrupted at its timeout, and the session takes the next one."""
         return await self.run_cell(session_id, self.prepare(session_id, code, libraries, timeout), live)
 
-    async def run_cell(self, session_id: str, program: Program, live: Live | None = None) -> Execution:
+    async def run_cell(self, session_id: str, program: Program, live: Live | None = None, owner: str = "") -> Execution:
         """`execute` for a cell already validated (`prepare`)."""
-        session = self.get(session_id)
+        session = self.get(session_id, owner)
         live = live or Live()
         if session.secrets is not None:
             live.secrets = tuple(value.encode() for value in session.secrets.values())
         live.phase = "waiting for the session's previous call" if session.lock.locked() else "queued"
         async with session.lock, self.executor.limiter:
             if session.id not in self._sessions:
-                raise self._gone(session.id)
+                raise self._gone(session.id, owner)
             try:
                 await self._relay(session)
                 execution = await self.executor.run(session.lease, program, session.cell, live)

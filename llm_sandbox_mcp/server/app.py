@@ -2,12 +2,15 @@
 # No `from __future__ import annotations`: tool signatures use closure values the SDK must evaluate.
 
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
 from mcp.server import MCPServer
+from mcp.server.auth.provider import TokenVerifier
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.context import ServerMiddleware
 from mcp.server.mcpserver import Context
 from mcp_types import CallToolResult
 from pydantic import Field
@@ -49,10 +52,17 @@ def _strict(server: MCPServer[Any]) -> None:
 
 
 def build_server(
-    settings: Settings, backend: Backend | None = None, state: AppState | None = None
+    settings: Settings,
+    backend: Backend | None = None,
+    state: AppState | None = None,
+    *,
+    token_verifier: TokenVerifier | None = None,
+    auth: AuthSettings | None = None,
+    middleware: Sequence[ServerMiddleware[Any]] = (),
 ) -> MCPServer[AppState]:
     """The MCP server. `backend` replaces the configured one (tests pass a fake); `state` is shared with the
-    caller, which may need to clean up from outside the lifespan."""
+    caller, which may need to clean up from outside the lifespan. The HTTP face passes how tokens are verified
+    and the middleware every request goes through (server/http.py)."""
     state = state or AppState(settings)
 
     async def start_engine(stop: anyio.Event) -> None:
@@ -113,6 +123,9 @@ def build_server(
             f"{settings.sandbox_foreground_limit:g} s turns into such a job by itself."
         ),
         lifespan=lifespan,
+        token_verifier=token_verifier,
+        auth=auth,
+        middleware=middleware,
     )
     languages = ", ".join(LANGUAGES)
 

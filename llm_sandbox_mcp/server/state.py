@@ -3,6 +3,10 @@
 Every member that needs the engine raises the start-up failure (with its fix) while the engine is missing,
 so a tool answers with that text rather than failing obscurely. The engine side (executor, sessions, jobs,
 files) is imported only for types here: the server answers tools/list before the lifespan imports it.
+
+Sessions and jobs are the caller's own (`principals.caller()`): the registries are asked with the caller as
+owner. Served over HTTP (`over_http`), each principal also has quotas of open sessions and running jobs, and `host_path`
+is refused: the server's files belong to no principal.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from llm_sandbox_mcp.errors import BackendUnavailable, InvalidRequest, SandboxEr
 from llm_sandbox_mcp.images import run_image
 from llm_sandbox_mcp.languages import LANGUAGES, Language, get_language
 from llm_sandbox_mcp.models import Execution, Live
+from llm_sandbox_mcp.server.principals import caller
 from llm_sandbox_mcp.server.results import (
     Closed,
     Download,
@@ -43,8 +48,9 @@ if TYPE_CHECKING:
 class AppState:
     """The server's executor and sessions once the engine is up, or why it is not."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, over_http: bool = False) -> None:
         self.settings = settings
+        self.over_http = over_http
         self.running: Executor | None = None
         self.registry: SessionRegistry | None = None
         self.runs: JobRegistry | None = None
@@ -110,11 +116,12 @@ class AppState:
         await self.ready()
         if session_id is not None:
             sessions = self.sessions
-            cell = sessions.prepare(session_id, code, libraries, timeout)  # a request we cannot serve fails now
+            owner = caller()
+            cell = sessions.prepare(session_id, code, libraries, timeout, owner)  # one we cannot serve fails now
             language = cell.language.name
 
             async def work(live: Live) -> Execution:
-                return await sessions.run_cell(session_id, cell, live)
+                return await sessions.run_cell(session_id, cell, live, owner)
         else:
             executor = self.executor
             program = executor.program(code, language, libraries, timeout)
@@ -123,7 +130,12 @@ class AppState:
             async def work(live: Live) -> Execution:
                 return await executor.execute_program(program, live)
 
-        outcome = await self.jobs.run(work, language, session_id, background, progress)
+        quota = (
+            (self.settings.sandbox_http_max_jobs_per_principal, "SANDBOX_HTTP_MAX_JOBS_PER_PRINCIPAL")
+            if self.over_http
+            else None
+        )
+        outcome = await self.jobs.run(work, language, session_id, background, progress, caller(), quota)
         return outcome if isinstance(outcome, Execution) else self._handle(outcome, background)
 
     def _handle(self, job: Job, background: bool) -> Execution:
@@ -162,11 +174,11 @@ class AppState:
 
     async def get_job(self, job_id: str, since: int, wait: float) -> JobInfo:
         await self.ready()
-        return self._job_info(await self.jobs.wait(job_id, wait), since)
+        return self._job_info(await self.jobs.wait(job_id, wait, caller()), since)
 
     async def cancel_job(self, job_id: str) -> JobInfo:
         await self.ready()
-        return self._job_info(await self.jobs.cancel(job_id), 0)
+        return self._job_info(await self.jobs.cancel(job_id, caller()), 0)
 
     def _job_info(self, job: Job, since: int) -> JobInfo:
         stdout, stderr, skipped = job.live.since(since)
@@ -245,22 +257,31 @@ class AppState:
         from llm_sandbox_mcp.run.jobs import reporting
 
         await self.ready()
-        sessions, live = self.sessions, Live()
+        sessions, live, owner = self.sessions, Live(), caller()
+        quota = (
+            (self.settings.sandbox_http_max_sessions_per_principal, "SANDBOX_HTTP_MAX_SESSIONS_PER_PRINCIPAL")
+            if self.over_http
+            else None
+        )
         session = await reporting(
-            live, progress, lambda: sessions.create(language, libraries, memory, cpus, network, live, secrets)
+            live,
+            progress,
+            lambda: sessions.create(
+                language, libraries, memory, cpus, network, live, secrets, owner=owner, owner_quota=quota
+            ),
         )
         return SessionInfo.model_validate(session.describe())
 
     async def close_session(self, session_id: str) -> Closed:
         await self.ready()
-        await self.sessions.close(session_id)
+        await self.sessions.close(session_id, owner=caller())
         return Closed(session_id=session_id, closed=True)
 
     async def list_sessions(self) -> SessionList:
         await self.ready()
         sessions = self.sessions
         infos: list[SessionInfo] = []
-        for session in sessions.list():
+        for session in sessions.list(caller()):
             usage = await sessions.usage(session)
             infos.append(SessionInfo.model_validate({**session.describe(), **usage}))
         return SessionList(sessions=infos)
@@ -268,7 +289,14 @@ class AppState:
     # Files.
 
     def _session(self, session_id: str) -> Session:
-        return self.sessions.get(session_id)
+        return self.sessions.get(session_id, caller())
+
+    def _host_files(self) -> None:
+        if self.over_http:
+            raise InvalidRequest(
+                "host_path is not available over HTTP: the files of the server's host belong to no user of it; "
+                "send content or content_base64 to upload, and leave host_path out to get a file's content back"
+            )
 
     async def upload(
         self,
@@ -291,6 +319,7 @@ class AppState:
                 raise InvalidRequest("content_base64 is not valid base64") from None
         else:
             assert host_path is not None
+            self._host_files()
             data = await self.files.read_host(host_path)
         entry = await self.files.upload(ref, path, data)
         return FileInfo(path=entry.path, type=entry.type, size=entry.size)
@@ -301,8 +330,10 @@ class AppState:
         """The file's description and its bytes (for the image block a result may add)."""
         await self.ready()
         session = self._session(session_id)
+        if host_path is not None:
+            self._host_files()
         data = await self.files.download(session.lease.ref, path)
-        if session.secrets is not None:  # a file the session wrote reaches the client (or a host path) redacted
+        if session.secrets is not None:  # a file the session wrote reaches the client redacted
             from llm_sandbox_mcp.run.session_secrets import redact_bytes
 
             data = redact_bytes(data, session.secrets)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -268,3 +269,91 @@ async def test_the_record_of_closed_sessions_is_bounded_and_keeps_the_most_recen
             registry.get(ids[-1])
         with pytest.raises(SandboxNotFound, match="no session with that id"):
             registry.get(ids[0])
+
+
+async def test_a_session_and_a_job_are_unknown_to_any_owner_but_their_own() -> None:
+    """What the HTTP face relies on for principals: another owner's id reads exactly as one that never existed."""
+    import anyio.lowlevel
+
+    from llm_sandbox_mcp.errors import InvalidRequest
+    from llm_sandbox_mcp.models import Execution, Live
+    from llm_sandbox_mcp.run.jobs import Job, JobRegistry
+
+    settings = Settings(sandbox_pool_size=0)
+    quota = (1, "SANDBOX_HTTP_MAX_SESSIONS_PER_PRINCIPAL")
+    async with Executor(settings, FakeBackend()) as executor:
+        registry = SessionRegistry(settings, executor)
+        mine = await registry.create("python", [], owner="alice", owner_quota=quota)
+        with pytest.raises(
+            InvalidRequest, match=r"maximum of 1 sessions .*\(SANDBOX_HTTP_MAX_SESSIONS_PER_PRINCIPAL\)"
+        ):
+            await registry.create("python", [], owner="alice", owner_quota=quota)
+        theirs = await registry.create("python", [], owner="bob", owner_quota=quota)
+        assert [s.id for s in registry.list("alice")] == [mine.id] and registry.list() == []
+        with pytest.raises(SandboxNotFound) as never:
+            registry.get("s-0000000000000000", "bob")
+        for owner in ("bob", ""):
+            with pytest.raises(SandboxNotFound) as other:
+                registry.get(mine.id, owner)
+            assert str(other.value) == str(never.value).replace("s-0000000000000000", mine.id)
+            with pytest.raises(SandboxNotFound):
+                await registry.close(mine.id, owner=owner)
+        await registry.close(mine.id, owner="alice")
+        await registry.close(mine.id, owner="alice")  # closing one's own closed session again is not an error
+        with pytest.raises(SandboxNotFound, match="no session with that id"):  # not "it was closed"
+            await registry.close(mine.id, owner="bob")
+        with pytest.raises(SandboxNotFound, match="it was closed"):
+            registry.get(mine.id, "alice")
+        assert registry.get(theirs.id, "bob") is theirs
+        await registry.aclose()
+
+    async def work(live: Live) -> Execution:
+        await anyio.lowlevel.checkpoint()
+        raise InvalidRequest("not run")
+
+    async with JobRegistry(settings) as jobs:
+        job = await jobs.run(work, "python", None, background=True, owner="alice")
+        assert isinstance(job, Job)
+        assert (await jobs.wait(job.id, 5, owner="alice")).state == "failed"
+        for owner in ("bob", ""):
+            with pytest.raises(SandboxNotFound, match="is not known: it never existed"):
+                await jobs.wait(job.id, 0, owner=owner)
+            with pytest.raises(SandboxNotFound, match="is not known: it never existed"):
+                await jobs.cancel(job.id, owner=owner)
+        release = anyio.Event()
+
+        async def blocked(live: Live) -> Execution:
+            await release.wait()
+            raise InvalidRequest("not run")
+
+        jobs_quota = (1, "SANDBOX_HTTP_MAX_JOBS_PER_PRINCIPAL")
+        running = await jobs.run(blocked, "python", None, background=True, owner="alice", owner_quota=jobs_quota)
+        with pytest.raises(
+            InvalidRequest, match=r"maximum of 1 running jobs .*\(SANDBOX_HTTP_MAX_JOBS_PER_PRINCIPAL\)"
+        ):
+            await jobs.run(blocked, "python", None, background=True, owner="alice", owner_quota=jobs_quota)
+        other = await jobs.run(blocked, "python", None, background=True, owner="bob", owner_quota=jobs_quota)
+        release.set()
+        for job_of, owner in ((running, "alice"), (other, "bob")):
+            assert isinstance(job_of, Job) and (await jobs.wait(job_of.id, 5, owner=owner)).state == "failed"
+
+
+@pytest.mark.parametrize("over_http", [False, True], ids=["stdio", "http"])
+async def test_over_http_host_files_are_refused_even_below_an_allowed_directory(
+    tmp_path: Path, over_http: bool
+) -> None:
+    (tmp_path / "shared.txt").write_text("the host's")
+    settings = Settings(sandbox_pool_size=0, sandbox_host_dirs=[str(tmp_path)])
+    state = AppState(settings, over_http=over_http)
+    async with Client(build_server(settings, FakeBackend(handler=lambda call: ok()), state)) as client:
+        session = {"session_id": _payload(await client.call_tool("create_session", {}))["session_id"]}
+        upload = await client.call_tool(
+            "upload_file", {**session, "path": "a.txt", "host_path": str(tmp_path / "shared.txt")}
+        )
+        download = await client.call_tool("download_file", {**session, "path": "a.txt", "host_path": str(tmp_path)})
+    if over_http:
+        for result in (upload, download):
+            assert result.is_error and "host_path is not available over HTTP" in _text(result)
+    else:
+        assert not upload.is_error, _text(upload)
+        assert "not available over HTTP" not in _text(download)

@@ -1,0 +1,131 @@
+"""The HTTP face's start-up checks: the tokens file (format, permissions, never a token in an error), the
+token verifier, the listen address, and when serving without tokens is refused."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from llm_sandbox_mcp.cli import main
+from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.errors import ConfigError
+from llm_sandbox_mcp.server.bearer_tokens import FileTokenVerifier, TokenFile
+from llm_sandbox_mcp.server.http import check_authentication, parse_listen
+
+pytestmark = pytest.mark.anyio
+
+ALICE = "a" * 16 + "-alice-secret-" + "1" * 10
+BOB = "b" * 40
+POSIX = pytest.mark.skipif(sys.platform == "win32", reason="permission bits are POSIX")
+
+
+def _file(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
+    path = tmp_path / "tokens"
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+async def test_a_good_file_maps_each_token_to_its_principal(tmp_path: Path) -> None:
+    text = f"# operators\n\nalice {ALICE}\n   # a comment after blanks\nbob\t{BOB}\nalice {'c' * 32}\n"
+    tokens = TokenFile.load(_file(tmp_path, text))
+    assert tokens.principals == ["alice", "bob"]
+    verifier = FileTokenVerifier(tokens)
+    for token, principal in ((ALICE, "alice"), (BOB, "bob"), ("c" * 32, "alice")):
+        access = await verifier.verify_token(token)
+        assert access is not None and access.client_id == principal
+    for wrong in ("", ALICE[:-1], ALICE + "x", BOB.upper(), "alice"):
+        assert await verifier.verify_token(wrong) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (f"alice {ALICE}\nbob\n", "line 2: expected `principal token` (two fields separated by blanks), found 1"),
+        (f"alice {ALICE} extra\n", "line 1: expected `principal token`"),
+        (f"al/ice {ALICE}\n", "line 1: the principal must be"),
+        ("# c\nalice short-token\n", "line 2: the token of alice must be 32 to 512 printable ASCII characters"),
+        (f"alice {ALICE}\nbob {ALICE}\n", "line 2: the token of bob is the same as the one on line 1"),
+        ("# nothing but comments\n\n", "holds no `principal token` line"),
+    ],
+    ids=["one-field", "three-fields", "bad-principal", "short-token", "shared-token", "empty"],
+)
+def test_a_malformed_file_is_refused_naming_the_line_and_never_the_token(
+    tmp_path: Path, text: str, problem: str
+) -> None:
+    path = _file(tmp_path, text)
+    with pytest.raises(ConfigError) as refused:
+        TokenFile.load(path)
+    message = str(refused.value)
+    assert message.startswith(f"SANDBOX_HTTP_TOKENS_FILE ({path}): ") and problem in message
+    for token in (ALICE, "short-token", "extra"):
+        assert token not in message
+
+
+@POSIX
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660, 0o602])
+def test_a_file_others_can_read_or_write_is_refused(tmp_path: Path, mode: int) -> None:
+    with pytest.raises(
+        ConfigError, match=rf"readable or writable by others than its owner \(mode {mode:04o}\).*chmod 600"
+    ):
+        TokenFile.load(_file(tmp_path, f"alice {ALICE}\n", mode))
+
+
+def test_a_missing_file_or_a_directory_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot be read"):
+        TokenFile.load(tmp_path / "absent")
+    with pytest.raises(ConfigError, match="is not a regular file"):
+        TokenFile.load(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("text", "host", "port", "loopback"),
+    [
+        ("127.0.0.1:8000", "127.0.0.1", 8000, True),
+        ("localhost:1", "localhost", 1, True),
+        ("[::1]:65535", "::1", 65535, True),
+        ("0.0.0.0:8000", "0.0.0.0", 8000, False),
+        ("[::]:8000", "::", 8000, False),
+        ("sandbox.example.org:443", "sandbox.example.org", 443, False),
+    ],
+)
+def test_listen_addresses(text: str, host: str, port: int, loopback: bool) -> None:
+    listen = parse_listen(text)
+    assert (listen.host, listen.port, listen.loopback) == (host, port, loopback)
+
+
+@pytest.mark.parametrize("text", ["8000", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:70000", "::1:8000", ":8000", "h:x"])
+def test_a_bad_listen_address_says_what_is_expected(text: str) -> None:
+    with pytest.raises(ConfigError, match="expected HOST:PORT"):
+        parse_listen(text)
+
+
+def test_serving_without_tokens_is_refused_unless_on_loopback_with_the_flag(tmp_path: Path) -> None:
+    settings = Settings()
+    with pytest.raises(ConfigError, match="not a loopback address, without authentication: set SANDBOX_HTTP_TOKENS"):
+        check_authentication(settings, parse_listen("0.0.0.0:8000"), unauthenticated_loopback=True)
+    with pytest.raises(ConfigError, match="or pass --allow-unauthenticated-loopback"):
+        check_authentication(settings, parse_listen("127.0.0.1:8000"), unauthenticated_loopback=False)
+    assert check_authentication(settings, parse_listen("[::1]:8000"), unauthenticated_loopback=True) is None
+    with_tokens = Settings(sandbox_http_tokens_file=_file(tmp_path, f"alice {ALICE}\n"))
+    tokens = check_authentication(with_tokens, parse_listen("0.0.0.0:8000"), unauthenticated_loopback=False)
+    assert tokens is not None and tokens.principals == ["alice"]
+
+
+def test_the_command_line_refuses_before_serving_and_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", "--http", "0.0.0.0:8000", "--allow-unauthenticated-loopback"]) == 2
+    captured = capsys.readouterr()
+    assert "not a loopback address, without authentication" in captured.err and captured.out == ""
+    assert main(["serve", "--http", "127.0.0.1:8000"]) == 2
+    assert "or pass --allow-unauthenticated-loopback" in capsys.readouterr().err
+    assert main(["serve", "--http", "nonsense"]) == 2
+    assert "expected HOST:PORT" in capsys.readouterr().err
+    if sys.platform != "win32":
+        monkeypatch.setenv("SANDBOX_HTTP_TOKENS_FILE", str(_file(tmp_path, f"alice {ALICE}\n", 0o644)))
+        assert main(["serve", "--http", "127.0.0.1:8000"]) == 2
+        captured = capsys.readouterr()
+        assert "(mode 0644); make it private with: chmod 600" in captured.err and ALICE not in captured.err
