@@ -30,6 +30,7 @@ from llm_sandbox_mcp.server.results import (
     tool_errors,
 )
 from llm_sandbox_mcp.server.session_tools import register_session_tools
+from llm_sandbox_mcp.server.stage_trace import StageTrace
 from llm_sandbox_mcp.server.state import AppState
 
 if TYPE_CHECKING:
@@ -113,6 +114,7 @@ def build_server(
             f"{settings.sandbox_foreground_limit:g} s turns into such a job by itself."
         ),
         lifespan=lifespan,
+        middleware=[StageTrace()] if settings.sandbox_trace_stages else None,
     )
     languages = ", ".join(LANGUAGES)
 

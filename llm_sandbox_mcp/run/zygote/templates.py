@@ -29,6 +29,7 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
+from llm_sandbox_mcp import stages
 from llm_sandbox_mcp.backends import Backend, ChildCgroup, TemplateHost
 from llm_sandbox_mcp.background import TaskOwner
 from llm_sandbox_mcp.config import Settings
@@ -249,7 +250,9 @@ class ZygoteTemplates(TaskOwner):
 
     async def _child(self, template: Template) -> Child | None:
         """A child forked ahead, else one forked now; None when the template gave up."""
+        stages.note("source", "a zygote template's child")
         child = await self._take(template)
+        stages.note("sandbox", "forked ahead" if child is not None else "forked for the call")
         if child is None:
             if 0 < template.ahead < self._settings.sandbox_max_concurrency:
                 template.ahead = min(self._settings.sandbox_max_concurrency, template.ahead * 2)
