@@ -156,6 +156,8 @@ class Template:
     # Children forked ahead (pristine copies of the template, none has run anything), taken one per call.
     ready: list[Child] = field(default_factory=lambda: list[Child]())
     forking: int = 0
+    # Set (and replaced) each time a fork ahead ends, with a child or without.
+    arrived: anyio.Event = field(default_factory=anyio.Event)
     # How many to keep ready: SANDBOX_POOL_SIZE, doubled (up to SANDBOX_MAX_CONCURRENCY) each time a call finds
     # none, as the pool grows under load; a waiting child holds a process and a cgroup, hardly any memory.
     ahead: int = 0
@@ -249,13 +251,26 @@ class ZygoteTemplates(TaskOwner):
         return Loan(lease, give_back)
 
     async def _child(self, template: Template) -> Child | None:
-        """A child forked ahead, else one forked now; None when the template gave up."""
+        """A child forked ahead (one still being forked ahead is waited for: it was started before any fork this
+        call could start, and a second fork would only slow it down on a busy CPU), else one forked now; None when
+        the template gave up."""
         stages.note("source", "a zygote template's child")
         child = await self._take(template)
-        stages.note("sandbox", "forked ahead" if child is not None else "forked for the call")
+        waited = False
+        while child is None and template.forking and template.in_service:
+            waited = True
+            await template.arrived.wait()
+            child = await self._take(template)
+        if not template.in_service:
+            if child is not None:
+                await self._close(child)
+            return None
+        if (child is None or waited) and 0 < template.ahead < self._settings.sandbox_max_concurrency:
+            template.ahead = min(self._settings.sandbox_max_concurrency, template.ahead * 2)
+        stages.note(
+            "sandbox", "forked for the call" if child is None else "waited for one forked ahead" if waited else "ready"
+        )
         if child is None:
-            if 0 < template.ahead < self._settings.sandbox_max_concurrency:
-                template.ahead = min(self._settings.sandbox_max_concurrency, template.ahead * 2)
             try:
                 child = await self._fork(template)
             except ChildUnavailable as exc:
@@ -402,19 +417,24 @@ class ZygoteTemplates(TaskOwner):
 
     async def _fork_ahead(self, template: Template) -> None:
         try:
-            child = await self._fork(template)
-        except ChildUnavailable as exc:
-            await self._give_up(template, exc)
-            return
-        except SandboxError as exc:  # background work never ends the server
-            logger.info("Could not fork a Python sandbox ahead: %s", exc)
-            return
+            try:
+                child = await self._fork(template)
+            except ChildUnavailable as exc:
+                await self._give_up(template, exc)
+                return
+            except SandboxError as exc:  # background work never ends the server
+                logger.info("Could not fork a Python sandbox ahead: %s", exc)
+                return
+            finally:
+                template.forking -= 1
+            if template.in_service:
+                template.ready.append(child)
+            else:
+                await self._close(child)
         finally:
-            template.forking -= 1
-        if template.in_service:
-            template.ready.append(child)
-        else:
-            await self._close(child)
+            # Whatever became of it, a call waiting for it looks again.
+            template.arrived.set()
+            template.arrived = anyio.Event()
 
     async def _close(self, child: Child) -> None:
         """End a child (its socket closed: a child still waiting for its request exits) and its cgroup."""
