@@ -251,26 +251,27 @@ class ZygoteTemplates(TaskOwner):
         return Loan(lease, give_back)
 
     async def _child(self, template: Template) -> Child | None:
-        """A child forked ahead (one still being forked ahead is waited for: it was started before any fork this
-        call could start, and a second fork would only slow it down on a busy CPU), else one forked now; None when
-        the template gave up."""
+        """A child forked ahead, else the first of the forks under way to give one (this call's own among them:
+        one started earlier may well be ready sooner); None when the template gave up."""
         stages.note("source", "a zygote template's child")
         child = await self._take(template)
-        waited = False
-        while child is None and template.forking and template.in_service:
-            waited = True
-            await template.arrived.wait()
-            child = await self._take(template)
+        if child is not None:
+            stages.note("sandbox", "ready")
+        elif self._tasks is not None and template.in_service:
+            if 0 < template.ahead < self._settings.sandbox_max_concurrency:
+                template.ahead = min(self._settings.sandbox_max_concurrency, template.ahead * 2)
+            template.forking += 1
+            self._tasks.start_soon(self._fork_ahead, template)
+            while child is None and template.forking and template.in_service:
+                await template.arrived.wait()
+                child = await self._take(template)
+            stages.note("sandbox", "the first of the forks under way")
         if not template.in_service:
             if child is not None:
                 await self._close(child)
             return None
-        if (child is None or waited) and 0 < template.ahead < self._settings.sandbox_max_concurrency:
-            template.ahead = min(self._settings.sandbox_max_concurrency, template.ahead * 2)
-        stages.note(
-            "sandbox", "forked for the call" if child is None else "waited for one forked ahead" if waited else "ready"
-        )
-        if child is None:
+        if child is None:  # every fork under way failed, or the templates are closing: one more, on the call's path
+            stages.note("sandbox", "forked for the call")
             try:
                 child = await self._fork(template)
             except ChildUnavailable as exc:
