@@ -50,6 +50,12 @@ SECTIONS: dict[str, tuple[str, str]] = {
         "Each language's hello world paced and back to back, `zygote:` rows with `SANDBOX_ZYGOTE=true` beside "
         "a server without it, 16 calls with 8 in flight, and the server's start to `tools/list` and shutdown.",
     ),
+    "stages": (
+        "Where a call's time goes (`benchmarks/stages.py`)",
+        "Back-to-back `print(1)` on each engine with `SANDBOX_TRACE_STAGES=true`: each stage's mean in ms as the "
+        "server accounts for it (from the request reaching its code to the answer ready for the wire), what is "
+        "outside that account (the client, the pipes, JSON-RPC in and out), and the floors of the same run.",
+    ),
     "bench": (
         "Sessions and single calls (`benchmarks/bench.py`)",
         "Sequential calls of one scenario, including a cell in a Python session.",
@@ -159,7 +165,48 @@ def _flat_rows(report: Json) -> tuple[Row, list[Row]]:
     return ["measure", "value"], list(_flat(report, ()))
 
 
+def stages_rows(report: Json) -> tuple[Row, list[Row]]:
+    """benchmarks/stages.py's owner table: a column per engine; the call's spread, each stage's mean (they add
+    up to the mean call), where the sandboxes came from, then the floors measured on the same server."""
+    engines = _dict(report.get("engines"))
+    names = list(engines)
+    calls = {name: _dict(_dict(engines[name]).get("print(1) back to back")) for name in names}
+    idle = {name: _dict(_dict(engines[name]).get("floor: list_sessions (a tool that does nothing)")) for name in names}
+    listed = {name: _dict(_dict(engines[name]).get("floor: tools/list round trip")) for name in names}
+    stages: list[str] = []
+    for numbers in calls.values():
+        stages += [stage for stage in _dict(numbers.get("stages_mean_ms")) if stage not in stages]
+    rows: list[Row] = [
+        [
+            "print(1) back to back: p50 / p95",
+            *(f"{_ms(calls[n].get('p50_ms'))} / {_ms(calls[n].get('p95_ms'))}" for n in names),
+        ],
+        ["print(1) back to back: mean; below, each stage's mean (p50)", *(_ms(calls[n].get("mean_ms")) for n in names)],
+    ]
+
+    def stage(numbers: Json, name: str) -> str:
+        mean, median = _dict(numbers.get("stages_mean_ms")).get(name), _dict(numbers.get("stages_p50_ms")).get(name)
+        return _ms(mean) if median is None else f"{_ms(mean)} ({_ms(median)})"
+
+    rows += [[f"· {name}", *(stage(calls[n], name) for n in names)] for name in stages]
+    sources = ["; ".join(f"{k} ×{v}" for k, v in _dict(calls[n].get("sandboxes")).items()) or "—" for n in names]
+    rows += [
+        ["where the sandbox came from", *sources],
+        ["floor: `tools/list` round trip, p50", *(_ms(listed[n].get("p50_ms")) for n in names)],
+        [
+            "floor: `list_sessions` (a tool that does nothing), mean (of it in the server's account)",
+            *(f"{_ms(idle[n].get('mean_ms'))} ({_ms(idle[n].get('server_mean_ms'))})" for n in names),
+        ],
+    ]
+    for name in names:
+        failed = _dict(engines[name]).get("failed")
+        if failed is not None:
+            rows.append([f"{name}: failed", *(str(failed)[:120].replace("|", "/") if n == name else "" for n in names)])
+    return ["ms", *names], rows
+
+
 ROWS: dict[str, Callable[[Json], tuple[Row, list[Row]]]] = {
+    "stages": stages_rows,
     "table": _table_rows,
     "bench": _bench_rows,
     "memory": _memory_rows,

@@ -23,6 +23,8 @@ from llm_sandbox_mcp.errors import ConfigError, SandboxError
 # sooner without them (the installer's TOML library, the executor, the engines).
 
 logger = logging.getLogger("llm_sandbox_mcp")
+# The server's stderr lines (benchmarks/stages.py reads SANDBOX_TRACE_STAGES's accounts from them).
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -110,9 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in exc.problems:
             sys.stderr.write(f"llm-sandbox-mcp: invalid configuration: {line}\n")
         return 2
-    logging.basicConfig(
-        stream=sys.stderr, level=settings.sandbox_log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(stream=sys.stderr, level=settings.sandbox_log_level, format=LOG_FORMAT)
     if args.command == "doctor":
         return anyio.run(_doctor, settings)
     if args.command == "seccomp-profile":

@@ -146,6 +146,7 @@ class Settings(BaseSettings):
     sandbox_maven_repo: str | None = None
     sandbox_artifact_limit: Size = 4 * 1024**2
     sandbox_log_level: LogLevel = "INFO"
+    sandbox_trace_stages: bool = False
     sandbox_bwrap_path: Path | None = None
     sandbox_nsjail_path: Path | None = None
     sandbox_k8s_runtime_class: str | None = None

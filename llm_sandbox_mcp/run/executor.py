@@ -15,7 +15,7 @@ from types import TracebackType
 
 import anyio
 
-from llm_sandbox_mcp import images
+from llm_sandbox_mcp import images, stages
 from llm_sandbox_mcp.backends import Backend, RuntimeProbe, stop_on_cancel
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.egress.proxy import EgressListener
@@ -219,10 +219,13 @@ class Executor:
         live = live or Live()
         live.phase = "waiting for a free slot (SANDBOX_MAX_CONCURRENCY)"
         async with self.limiter:
+            stages.mark("wait for a slot")
             spec = await self._spec(program.language, program.libraries, live=live)
+            stages.mark("the sandbox's spec (image, libraries)")
             for cached in (True, False):
                 live.phase = "starting the sandbox"
                 loan = await self._sources.lend(program.language, spec)
+                stages.mark("acquire a sandbox")
                 execution: Execution | None = None
                 try:
                     execution = await self.run(loan.lease, program, OneShot(cached), live)
@@ -231,6 +234,7 @@ class Executor:
                     logger.info("A cached %s binary did not start; building it again", program.language.title)
                 finally:
                     await loan.release(execution)
+                    stages.mark("give the sandbox back")
             raise AssertionError("unreachable: a run without the build cache never raises _StaleBinary")
 
     async def check_zygote(self, lang: Language) -> str:
@@ -291,6 +295,7 @@ class Executor:
         # A one-shot sandbox is gone after the run anyway: only a session can lose its interpreter.
         lost = result.interpreter_lost and mode.keeps_state
         execution = shape(self.settings, self.images, self.engine, lang, result, program.timeout, lost, lease.ref.spec)
+        stages.mark("shape the result")
         if lost:
             execution.stderr += "[the interpreter was stopped; the next call starts a new one (files are kept)]\n"
         execution.stderr = "".join(notes) + execution.stderr
@@ -320,6 +325,7 @@ class Executor:
                 # The runner could not collect with nothing of the program left running; the kernel has killed
                 # everything from outside since, so the files are read from outside.
                 result.artifacts = await outputs_from_outside(self.backend, lease.ref, result, self._artifact_limit)
+                stages.mark("collect outputs from outside")
         return result
 
     async def _as_exec(self, lease: Lease, program: Program, mode: RunMode, live: Live) -> ExecResult:
@@ -337,9 +343,12 @@ class Executor:
                 on_output=live.feed,
             ),
         )
+        stages.mark("the program runs (one exec)")
         # Nothing of the program may still run while its files are read: no process swaps them mid-read.
         await self.backend.kill_all(ref)
+        stages.mark("kill what is left of it")
         result.artifacts = mode.files(await outputs_from_outside(self.backend, ref, result, self._artifact_limit))
+        stages.mark("collect outputs from outside")
         return result
 
     async def _build_plan(self, lease: Lease, program: Program, mode: RunMode) -> Plan | None:

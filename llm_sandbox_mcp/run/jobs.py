@@ -20,6 +20,7 @@ from typing import Literal, TypeVar
 
 import anyio
 
+from llm_sandbox_mcp import stages
 from llm_sandbox_mcp.background import TaskOwner
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import InvalidRequest, SandboxError, SandboxNotFound
@@ -120,6 +121,7 @@ class JobRegistry(TaskOwner):
     async def _drive(self, job: Job, work: Work) -> None:
         try:
             with job.scope:
+                stages.mark("into the run's task")
                 job.result = await work(job.live)
                 job.state = "finished"
         except Exception as exc:  # kept for the caller or get_job; never ends the server

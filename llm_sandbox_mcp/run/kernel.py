@@ -21,6 +21,7 @@ from typing import cast
 
 import anyio
 
+from llm_sandbox_mcp import stages
 from llm_sandbox_mcp.artifacts import Artifact
 from llm_sandbox_mcp.backends import Backend, SandboxProcess
 from llm_sandbox_mcp.errors import FileTransferError, SandboxFailure
@@ -46,6 +47,12 @@ _CANCEL_GRACE = 1.0
 # How long past a one-shot run's timeout a kernel that keeps the time itself has to report (and send the files)
 # before the server kills from outside.
 _KEEP_TIME_GRACE = 2.0
+# What a fork-mode run's `times` (in its D frame) say ended, for SANDBOX_TRACE_STAGES's account.
+_RUNNER_STAGES = [
+    "the request's way to the runner",
+    "the program, from its request to its exit",
+    "after its exit: the rest killed, its files found",
+]
 
 
 def encode_frame(kind: bytes, payload: bytes = b"") -> bytes:
@@ -238,6 +245,7 @@ class Kernel:
         deadline = started + timeout + (_KEEP_TIME_GRACE if kept else 0.0)
         interrupted = False
         sent = False
+        times: object = None
         self._room = artifact_limit
         self.collect_outside = False
         try:
@@ -245,6 +253,7 @@ class Kernel:
             with anyio.fail_after(deadline - started):
                 await self.process.send(encode_frame(b"R", payload))
             sent = True
+            stages.mark("send the program")
             while exit_code is None:
                 frame = await self._next_frame(deadline)
                 if frame is None:
@@ -287,6 +296,7 @@ class Kernel:
                         raise ProtocolError("an invalid timeout flag")
                     exit_code = status
                     timed_out = timed_out or kept_time
+                    times = info.get("times")
                     if not clean:
                         # Something of the program outlived every kill: its files are not to be trusted.
                         await self._kill()
@@ -316,6 +326,10 @@ class Kernel:
             raise
         finally:
             self._room = 0
+        if not stages.reported(_RUNNER_STAGES, times):
+            stages.mark("the run: program, its files, its end reported")
+        else:
+            stages.mark("the end's way back to the server")
         self.built = build.whole
         result = ExecResult.captured(exit_code, out, err, timed_out=timed_out, started=started)
         result.artifacts = sorted(artifacts, key=lambda artifact: artifact.name)

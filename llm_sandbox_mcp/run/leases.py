@@ -16,6 +16,7 @@ from typing import Protocol
 
 import anyio
 
+from llm_sandbox_mcp import stages
 from llm_sandbox_mcp.backends import Backend
 from llm_sandbox_mcp.languages import Language, get_language
 from llm_sandbox_mcp.models import Execution, SandboxRef, SandboxSpec
@@ -115,6 +116,7 @@ class Sources:
 
 async def pooled(pool: Pool[WarmKey, Lease], language: Language, spec: SandboxSpec) -> Loan:
     """A fresh sandbox from the warm pool, destroyed after its one call."""
+    stages.note("source", "the warm pool")
     lease = await pool.acquire(WarmKey(language.name, spec))
 
     async def give_back(execution: Execution | None) -> None:

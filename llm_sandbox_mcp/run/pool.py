@@ -21,6 +21,7 @@ from typing import Generic, TypeVar
 import anyio
 from anyio.abc import TaskGroup
 
+from llm_sandbox_mcp import stages
 from llm_sandbox_mcp.errors import SandboxError
 
 logger = logging.getLogger(__name__)
@@ -199,6 +200,9 @@ class Pool(Generic[K, T]):
         if lend:
             self._lent[key] = self._lent.get(key, 0) + 1
         self.warm(key)
+        stages.note(
+            "sandbox", "made for the call" if item is None else "waited for one coming back" if waited else "ready"
+        )
         if item is None:
             try:
                 item = await self._make(key, False)

@@ -2,7 +2,7 @@
 # server on its stdin/stdout. Frames are 1 kind byte + 4-byte big-endian length + payload.
 #   server -> kernel  R {"mode": "fork"|"inline", "echo", "artifact_limit", "filename"} "\n" code (UTF-8)
 #   kernel -> server  H {"pid", "python"}   O stdout bytes   E stderr bytes
-#                     F {"name", "size", "inline"} "\n" data     D {"exit", "clean"?, "timed_out"?}
+#                     F {"name", "size", "inline"} "\n" data     D {"exit", "clean"?, "timed_out"?, "times"?}
 # Started as `python3 -c <this file> <python_isolation.py source> <config JSON>`, it is the kernel of a Docker or
 # Podman zygote template container (serve_forks): it never runs user code itself, and each one-shot call runs
 # in a child that made a sandbox of its own first, whose "H" (one per call, before its request) says it is
@@ -325,6 +325,7 @@ def reap_orphans(program):
 
 
 def run_forked(request, program=None):
+    received = time.monotonic()
     before = snapshot()
     pid, out_r, err_r, request_w = program or fork_program()
     try:
@@ -369,6 +370,7 @@ def run_forked(request, program=None):
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
             wait_status = os.waitpid(pid, 0)[1]
+    ended = time.monotonic()
     for fd in exited:
         os.close(fd)
     # Background processes may keep the pipes open: take what is there and stop.
@@ -380,7 +382,9 @@ def run_forked(request, program=None):
         os.close(fd)
     if clean:
         send_artifacts(before, request["artifact_limit"])
-    send(b"D", json.dumps({"exit": status_of(wait_status), "clean": clean, "timed_out": timed_out}).encode())
+    times = [received, ended, time.monotonic()]  # for the server's stage account (SANDBOX_TRACE_STAGES)
+    done = {"exit": status_of(wait_status), "clean": clean, "timed_out": timed_out, "times": times}
+    send(b"D", json.dumps(done).encode())
 
 
 def process_info(pid):

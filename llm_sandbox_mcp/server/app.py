@@ -33,6 +33,7 @@ from llm_sandbox_mcp.server.results import (
     tool_errors,
 )
 from llm_sandbox_mcp.server.session_tools import register_session_tools
+from llm_sandbox_mcp.server.stage_trace import StageTrace
 from llm_sandbox_mcp.server.state import AppState
 
 if TYPE_CHECKING:
@@ -125,7 +126,7 @@ def build_server(
         lifespan=lifespan,
         token_verifier=token_verifier,
         auth=auth,
-        middleware=middleware,
+        middleware=[*middleware, StageTrace()] if settings.sandbox_trace_stages else middleware,
     )
     languages = ", ".join(LANGUAGES)
 

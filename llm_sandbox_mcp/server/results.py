@@ -23,6 +23,7 @@ from mcp_types import (
 )
 from pydantic import BaseModel, Field
 
+from llm_sandbox_mcp import stages
 from llm_sandbox_mcp.artifacts import Artifact
 from llm_sandbox_mcp.errors import SandboxError
 from llm_sandbox_mcp.models import Execution
@@ -157,7 +158,9 @@ def _with_blocks(model: BaseModel, blocks: list[ContentBlock]) -> CallToolResult
 
 def execution_result(execution: Execution) -> CallToolResult:
     """The outcome, then each artifact the result carries as an image or an embedded file."""
-    return _with_blocks(execution, [_artifact_block(a) for a in execution.artifacts if a.inline])
+    result = _with_blocks(execution, [_artifact_block(a) for a in execution.artifacts if a.inline])
+    stages.mark("the result as MCP content")
+    return result
 
 
 def job_result(info: JobInfo) -> CallToolResult:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from llm_sandbox_mcp import stages
 from llm_sandbox_mcp.artifacts import mime_type_of
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, InvalidRequest, SandboxError
@@ -113,6 +114,7 @@ class AppState:
     ) -> Execution:
         """Run code, one-shot or in a session; in the background, or in the foreground until the foreground
         limit, past which the run goes on as a job and its handle comes back."""
+        stages.mark("the SDK validates the arguments")
         await self.ready()
         if session_id is not None:
             sessions = self.sessions
@@ -135,7 +137,9 @@ class AppState:
             if self.over_http
             else None
         )
+        stages.mark("validate the request (once the engine is up)")
         outcome = await self.jobs.run(work, language, session_id, background, progress, caller(), quota)
+        stages.mark("back in the call's task")
         return outcome if isinstance(outcome, Execution) else self._handle(outcome, background)
 
     def _handle(self, job: Job, background: bool) -> Execution:

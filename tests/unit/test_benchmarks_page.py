@@ -5,9 +5,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+import pytest
+from mcp import Client
+
+from llm_sandbox_mcp.cli import LOG_FORMAT
+from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.server.app import build_server
+from tests.support.fakes import FakeBackend
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "measured"
@@ -81,3 +91,54 @@ def test_a_row_measured_again_is_shown_only_from_the_newer_run() -> None:
     assert page.index("2026-02-01") < page.index("2026-01-01")  # newest first
     assert "Test CPU, 2 cores, 4 GiB, Linux 6.1, docker 26" in page
     assert "fork of a warm interpreter 4.5 ms" in page and "fork of a warm interpreter 3 ms" in page
+
+
+def _stages_benchmark(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # pyright: ignore[reportUnknownMemberType]
+    spec = importlib.util.spec_from_file_location("stages_benchmark", ROOT / "benchmarks" / "stages.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.anyio
+async def test_the_stage_benchmark_reads_the_accounts_the_server_writes_on_stderr(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    server = build_server(Settings(sandbox_trace_stages=True, sandbox_zygote=False), FakeBackend())
+    walls: list[float] = []
+    async with Client(server) as client:
+        for _ in range(3):
+            started = time.perf_counter()
+            await client.call_tool("execute_code", {"code": "print(1)"})
+            walls.append((time.perf_counter() - started) * 1000)
+        await client.call_tool("list_sessions", {})
+    # The server's stderr as it writes it: its log format, other lines between, and a last line cut short.
+    formatter = logging.Formatter(LOG_FORMAT)
+    lines = [formatter.format(record) for record in caplog.records]
+    stderr = "\n".join(["2026-01-01 00:00:00,000 INFO llm_sandbox_mcp.backends: engine found", *lines])
+    stderr += '\n2026-01-01 00:00:01,000 INFO llm_sandbox_mcp.stages: stages {"id": 9, "method": "tools/ca'
+    stages = _stages_benchmark(monkeypatch)
+    accounts = stages.parse_accounts(stderr)
+    executed = [account for account in accounts if account["tool"] == "execute_code"]
+    assert len(executed) == 3 and [a["tool"] for a in accounts].count("list_sessions") == 1
+    owners = stages.owners(walls, executed)
+    # The stages' means and what is outside the server's account add up to the mean call.
+    assert sum(owners["stages_mean_ms"].values()) == pytest.approx(owners["mean_ms"], abs=0.05)
+    assert list(owners["stages_mean_ms"])[:2] == [stages.OUTSIDE, "the SDK validates the arguments"]
+    assert owners["sandboxes"] in (
+        {"the warm pool / ready": 3},
+        {"the warm pool / made for the call": 1, "the warm pool / ready": 2},
+    )
+    with pytest.raises(ValueError, match="3 calls timed but 2 accounts"):
+        stages.owners(walls, executed[:2])
+    # And the page shows it as a table per engine, beside the floors.
+    report = {
+        "engines": {"fake": {"print(1) back to back": owners, "floor: tools/list round trip": {"p50_ms": 1.5}}},
+        "floor_ms": {"fork of a warm interpreter": 3.0},
+    }
+    page = _renderer().render([{**_result("2026-01-01T00:00:00Z", report, "fake"), "benchmark": "stages"}])
+    assert "## Where a call's time goes (`benchmarks/stages.py`)" in page and "| ms | fake |" in page
+    assert "| · the SDK validates the arguments | " in page and "| floor: `tools/list` round trip, p50 | 1.5 |" in page

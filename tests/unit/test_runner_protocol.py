@@ -13,6 +13,7 @@ from typing import Literal
 
 import pytest
 
+from llm_sandbox_mcp import stages
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.languages import get_language, runner_source
 from llm_sandbox_mcp.models import ExecResult, Limits, SandboxRef, SandboxSpec
@@ -166,6 +167,23 @@ async def test_bubblewrap_zygote_children_run_one_call_each(host: HostRunners) -
         timed = await call(WRITES + "import time\ntime.sleep(600)", timeout=1)
         assert (timed.exit_code, timed.timed_out, files(timed)) == (137, True, {"a.txt": b"made"})
         assert policy.served == 3 and not any(cgroup.killed for cgroup in host.cgroups)
+
+
+async def test_a_call_that_finds_no_child_ready_takes_the_first_fork_under_way(host: HostRunners) -> None:
+    # One child forked ahead, still on its way when the call comes: the call forks one more and takes whichever
+    # is ready first, not necessarily its own.
+    settings = Settings(sandbox_pool_size=1)
+    policy = ZygotePolicy(settings, host)
+    async with ZygoteTemplates(settings, host, MemoryBudget(2**40), policy) as templates:
+        with stages.recording() as account:
+            loan = await templates.lend(get_language("python"), SPEC)
+        assert loan is not None and loan.lease.kernel is not None, policy.unavailable
+        try:
+            result = await run(loan.lease.kernel, "print(1)", workdir="/workspace")
+        finally:
+            await loan.release(None)
+    assert result.stdout == b"1\n"
+    assert account.notes == {"source": "a zygote template's child", "sandbox": "the first of the forks under way"}
 
 
 async def test_a_template_containers_kernel_serves_calls_one_child_at_a_time(host: HostRunners) -> None:

@@ -26,6 +26,7 @@ from dataclasses import replace
 
 import anyio
 
+from llm_sandbox_mcp import stages
 from llm_sandbox_mcp.backends import Backend
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import SandboxFailure
@@ -109,6 +110,7 @@ class ContainerTemplates:
     async def lend(self, language: Language, spec: SandboxSpec) -> Loan | None:
         """A template container for one call, or None (the call then takes the pool; it never fails for this)."""
         key = WarmKey(language.name, replace(spec, forks=True))
+        stages.note("source", "a zygote template container")
         try:
             lease = await self._pool.acquire(key, lend=True)
         except ForksUnavailable:

@@ -29,6 +29,7 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
+from llm_sandbox_mcp import stages
 from llm_sandbox_mcp.backends import Backend, ChildCgroup, TemplateHost
 from llm_sandbox_mcp.background import TaskOwner
 from llm_sandbox_mcp.config import Settings
@@ -155,6 +156,8 @@ class Template:
     # Children forked ahead (pristine copies of the template, none has run anything), taken one per call.
     ready: list[Child] = field(default_factory=lambda: list[Child]())
     forking: int = 0
+    # Set (and replaced) each time a fork ahead ends, with a child or without.
+    arrived: anyio.Event = field(default_factory=anyio.Event)
     # How many to keep ready: SANDBOX_POOL_SIZE, doubled (up to SANDBOX_MAX_CONCURRENCY) each time a call finds
     # none, as the pool grows under load; a waiting child holds a process and a cgroup, hardly any memory.
     ahead: int = 0
@@ -248,11 +251,27 @@ class ZygoteTemplates(TaskOwner):
         return Loan(lease, give_back)
 
     async def _child(self, template: Template) -> Child | None:
-        """A child forked ahead, else one forked now; None when the template gave up."""
+        """A child forked ahead, else the first of the forks under way to give one (this call's own among them:
+        one started earlier may well be ready sooner); None when the template gave up."""
+        stages.note("source", "a zygote template's child")
         child = await self._take(template)
-        if child is None:
+        if child is not None:
+            stages.note("sandbox", "ready")
+        elif self._tasks is not None and template.in_service:
             if 0 < template.ahead < self._settings.sandbox_max_concurrency:
                 template.ahead = min(self._settings.sandbox_max_concurrency, template.ahead * 2)
+            template.forking += 1
+            self._tasks.start_soon(self._fork_ahead, template)
+            while child is None and template.forking and template.in_service:
+                await template.arrived.wait()
+                child = await self._take(template)
+            stages.note("sandbox", "the first of the forks under way")
+        if not template.in_service:
+            if child is not None:
+                await self._close(child)
+            return None
+        if child is None:  # every fork under way failed, or the templates are closing: one more, on the call's path
+            stages.note("sandbox", "forked for the call")
             try:
                 child = await self._fork(template)
             except ChildUnavailable as exc:
@@ -399,19 +418,24 @@ class ZygoteTemplates(TaskOwner):
 
     async def _fork_ahead(self, template: Template) -> None:
         try:
-            child = await self._fork(template)
-        except ChildUnavailable as exc:
-            await self._give_up(template, exc)
-            return
-        except SandboxError as exc:  # background work never ends the server
-            logger.info("Could not fork a Python sandbox ahead: %s", exc)
-            return
+            try:
+                child = await self._fork(template)
+            except ChildUnavailable as exc:
+                await self._give_up(template, exc)
+                return
+            except SandboxError as exc:  # background work never ends the server
+                logger.info("Could not fork a Python sandbox ahead: %s", exc)
+                return
+            finally:
+                template.forking -= 1
+            if template.in_service:
+                template.ready.append(child)
+            else:
+                await self._close(child)
         finally:
-            template.forking -= 1
-        if template.in_service:
-            template.ready.append(child)
-        else:
-            await self._close(child)
+            # Whatever became of it, a call waiting for it looks again.
+            template.arrived.set()
+            template.arrived = anyio.Event()
 
     async def _close(self, child: Child) -> None:
         """End a child (its socket closed: a child still waiting for its request exits) and its cgroup."""
