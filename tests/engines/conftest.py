@@ -25,8 +25,11 @@ proxy reaches sandboxes without a path of the server's filesystem: selected anyw
 
 from __future__ import annotations
 
+import hashlib
 import os
+import secrets
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -183,6 +186,25 @@ class RecordingBackend:
         self.template_containers = isinstance(inner, TemplateContainers) and inner.template_containers
         self.argvs: list[list[str]] = []
         self._watched: list[tuple[str, anyio.Event]] = []
+        self._salt = ""
+        self._salted: set[str] = set()
+
+    def fresh_stores(self) -> None:
+        """From now on, library stores live under keys of this backend's own (the server's key, salted): an
+        install really runs, whatever stores earlier runs left on this engine. `drop_fresh_stores` removes them."""
+        self._salt = secrets.token_hex(8)
+
+    def _store(self, key: str) -> str:
+        if not self._salt:
+            return key
+        salted = hashlib.sha256(f"{self._salt}:{key}".encode()).hexdigest()[:32]  # the server's key format
+        self._salted.add(salted)
+        return salted
+
+    async def drop_fresh_stores(self) -> None:
+        for key in self._salted:
+            await self.inner.drop_cache(key)
+        self._salted.clear()
 
     def exec_of(self, word: str) -> anyio.Event:
         """An event set once an exec whose argv mentions `word` is made."""
@@ -197,6 +219,8 @@ class RecordingBackend:
                 event.set()
 
     async def create(self, spec: SandboxSpec) -> SandboxRef:
+        if spec.cache is not None:
+            spec = replace(spec, cache=replace(spec.cache, key=self._store(spec.cache.key)))
         return await self.inner.create(spec)
 
     async def exec(
@@ -241,7 +265,7 @@ class RecordingBackend:
         await self.inner.destroy(ref)
 
     async def drop_cache(self, key: str) -> None:
-        await self.inner.drop_cache(key)
+        await self.inner.drop_cache(self._store(key))
 
     async def sweep(self) -> int:
         return await self.inner.sweep()
@@ -288,7 +312,10 @@ async def backend(request: pytest.FixtureRequest, engine: str) -> AsyncIterator[
     try:
         yield real
     finally:
-        await real.aclose()
+        try:
+            await real.drop_fresh_stores()
+        finally:
+            await real.aclose()
 
 
 @pytest.fixture
