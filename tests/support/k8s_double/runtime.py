@@ -7,6 +7,7 @@ pod's `lock` serialises container creation against deletion, so a deleted pod ne
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import logging
 import os
@@ -29,6 +30,7 @@ from docker.types import Mount
 from .docker_api import docker_api
 from .errors import bad_request
 from .objects import JsonObj, as_list, as_obj
+from .pod_network import PodNetworkError, node_namespace, pod_sandbox
 from .quantity import to_bytes
 from .store import NETWORK_POLICIES, PERSISTENT_VOLUME_CLAIMS, PODS, Store, now_rfc3339
 from .translate import (
@@ -37,6 +39,7 @@ from .translate import (
     VolumeBacking,
     egress_denied,
     plan_container,
+    pod_hostname,
 )
 
 logger = logging.getLogger(__name__)
@@ -136,6 +139,9 @@ class DockerKubelet:
         self._initialised_volumes: set[str] = set()
         # Disk emptyDirs: one host directory per pod and volume, 0777 as a kubelet makes them.
         self._scratch = Path(tempfile.mkdtemp(prefix="k8s-double-emptydir-"))
+        # The node side of denied pods' networks (see `pod_network`), made with the first such pod.
+        self._node_network: Container | None = None
+        self._node_lock = asyncio.Lock()
 
     async def _run_sync(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args, **kwargs))
@@ -333,7 +339,12 @@ class DockerKubelet:
         backings = await self._prepare_volumes(runtime, pod)
         if backings is None:
             return
-        network_mode = "none" if self._egress_denied(pod) else _NETWORK
+        network_mode = _NETWORK
+        if self._egress_denied(pod):
+            sandbox = await self._pod_sandbox(runtime, pod, container)
+            if sandbox is None:
+                return
+            network_mode = f"container:{sandbox}"
         self._update(runtime, lambda p: _set_condition(p, _condition("PodReadyToStartContainers", True)))
         result = await self._start_container(runtime, pod, container, backings, network_mode)
         if result is None:
@@ -353,6 +364,49 @@ class DockerKubelet:
             return
         state = _terminated(exit_code, reason, started_at, container_id)
         self._update(runtime, partial(_finish, state=state, phase="Succeeded" if exit_code == 0 else "Failed"))
+
+    async def _pod_sandbox(self, runtime: PodRuntime, pod: JsonObj, container: JsonObj) -> str | None:
+        """The pod sandbox holding a denied pod's network namespace (see `pod_network`); its id, or None when the
+        pod cannot go on (its status then says why)."""
+        if await self._image_config(runtime, container) is None:
+            return None
+        image = str(container["image"])
+        labels = {
+            **self.labels,
+            "io.kubernetes.pod.namespace": runtime.namespace,
+            "io.kubernetes.pod.name": runtime.name,
+            "io.kubernetes.pod.uid": runtime.uid,
+        }
+        digest = hashlib.sha256(runtime.uid.encode()).digest()
+        address = f"10.244.{digest[0]}.{digest[1] % 254 + 1}"
+        try:
+            async with self._node_lock:
+                if self._node_network is None:
+                    self._node_network = await self._run_sync(node_namespace, self._docker, image, self.labels)
+            async with runtime.lock:
+                if runtime.deleted:
+                    return None
+                sandbox = await self._run_sync(
+                    pod_sandbox,
+                    self._docker,
+                    image,
+                    name=f"k8sd-{self._instance[:8]}-{runtime.uid[:8]}-POD",
+                    hostname=pod_hostname(pod),
+                    labels=labels,
+                    node=self._node_network,
+                    address=address,
+                    namespace=runtime.namespace,
+                )
+        except (PodNetworkError, docker.errors.APIError) as exc:
+            message = f"Failed to create pod sandbox: {exc}"
+            self._update(
+                runtime,
+                lambda p: _set_condition(
+                    p, _condition("PodReadyToStartContainers", False, "FailedCreatePodSandBox", message)
+                ),
+            )
+            return None
+        return str(sandbox.id)
 
     def _egress_denied(self, pod: JsonObj) -> bool:
         policies = self._store.list(NETWORK_POLICIES, pod["metadata"]["namespace"])

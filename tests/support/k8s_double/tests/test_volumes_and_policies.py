@@ -1,4 +1,5 @@
-"""Volumes (emptyDir tmpfs, PVCs on Docker volumes) and NetworkPolicies (deny-all egress cuts the network)."""
+"""Volumes (emptyDir tmpfs, PVCs on Docker volumes) and NetworkPolicies (deny-all egress drops what a pod sends,
+as a cluster's CNI does)."""
 
 from __future__ import annotations
 
@@ -221,9 +222,11 @@ def test_network_policy_the_double_cannot_enforce_is_422(
     assert field in str(cast(Any, caught.value).body)
 
 
-def test_deny_all_egress_policy_leaves_selected_pods_only_a_loopback_interface(
+def test_deny_all_egress_policy_keeps_the_interface_and_drops_what_leaves_it(
     api_client: client.ApiClient, core: client.CoreV1Api, namespace: str, make_pod: PodFactory
 ) -> None:
+    """As on a cluster: the selected pod keeps eth0, an address and a default route, and nothing it sends
+    arrives (the connection and the cluster DNS lookup time out); the installer pod is on the host network."""
     policy: dict[str, Any] = {
         "metadata": {"name": "sandbox-no-egress"},
         "spec": {"podSelector": {"matchLabels": {"role": "sandbox"}}, "policyTypes": ["Ingress", "Egress"]},
@@ -234,5 +237,13 @@ def test_deny_all_egress_policy_leaves_selected_pods_only_a_loopback_interface(
     run_pod(core, namespace, make_pod("isolated", labels={"role": "sandbox"}))
     run_pod(core, namespace, make_pod("installer", labels={"role": "installer"}))
 
-    assert _interfaces(core, namespace, "isolated") == ["lo"]
+    assert _interfaces(core, namespace, "isolated") == ["eth0", "lo"]
+    routes, _, _ = exec_in_pod(core, namespace, "isolated", ["cat", "/proc/net/route"])
+    assert any(line.split()[:2] == ["eth0", "00000000"] for line in routes.splitlines()), routes  # a default route
+    out, err, code = exec_in_pod(core, namespace, "isolated", ["busybox", "nc", "-w", "2", "1.1.1.1", "80"])
+    assert code != 0 and "timed out" in err, (out, err)  # dropped, not refused or unreachable
+    out, err, code = exec_in_pod(core, namespace, "isolated", ["busybox", "nslookup", "example.com"])
+    assert code != 0 and "no servers could be reached" in out + err, (out, err)
+    resolver, _, _ = exec_in_pod(core, namespace, "isolated", ["cat", "/etc/resolv.conf"])
+    assert "nameserver 10.96.0.10" in resolver  # the cluster's DNS server, which the policy keeps out of reach
     assert len(_interfaces(core, namespace, "installer")) > 1
