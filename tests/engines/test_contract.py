@@ -201,9 +201,9 @@ INTERFACES = {"kubernetes": "['eth0', 'lo']"}
 LIST_INTERFACES = "print(sorted(l.split(':')[0].strip() for l in open('/proc/net/dev').read().splitlines()[2:]))"
 
 
-async def test_sandbox_has_only_a_loopback_interface_or_a_pods_filtered_one(executor: Executor, engine: str) -> None:
+async def test_sandbox_has_only_a_loopback_interface_or_a_pods_filtered_one(executor: Executor) -> None:
     result = await run(executor, LIST_INTERFACES)
-    assert result.stdout.strip() == INTERFACES.get(engine, "['lo']")
+    assert result.stdout.strip() == INTERFACES.get(executor.engine, "['lo']")
 
 
 # Each way out, as code would try it: a service on the host's own address, a public address, and a name lookup.
@@ -232,7 +232,7 @@ def _host_address() -> str:
         return str(probe.getsockname()[0])
 
 
-async def test_no_connection_leaves_the_sandbox(executor: Executor, engine: str) -> None:
+async def test_no_connection_leaves_the_sandbox(executor: Executor) -> None:
     """Proven from inside on every engine. On Kubernetes the pod has an interface and a route, so this is what
     holds the network shut there: the policy drops each attempt (each waits out its 2 s), where the other engines
     have no route at all. Worth its seconds on Kubernetes: the double keeps the interface a cluster keeps."""
@@ -247,7 +247,7 @@ async def test_no_connection_leaves_the_sandbox(executor: Executor, engine: str)
             listener.accept()  # nothing arrived
     assert result.exit_code == 0, result.stderr
     seen = json.loads(result.stdout)
-    dropped_or_unroutable = "TimeoutError" if engine == "kubernetes" else "OSError"  # OSError: ENETUNREACH
+    dropped_or_unroutable = "TimeoutError" if executor.engine == "kubernetes" else "OSError"  # OSError: ENETUNREACH
     assert seen == {"host": dropped_or_unroutable, "public": dropped_or_unroutable, "dns": "gaierror"}, seen
 
 
@@ -443,7 +443,7 @@ async def test_libraries_install_with_network_then_run_without_and_are_cached(
     assert first.stdout.startswith("six ")
     assert not fresh or get_language("python").install_argv(["six"]) in backend.argvs, "nothing was installed"
     no_network = await run(executor, LIST_INTERFACES, libraries=["six"])
-    assert no_network.stdout.strip() == INTERFACES.get(engine, "['lo']")  # no more network with libraries
+    assert no_network.stdout.strip() == INTERFACES.get(executor.engine, "['lo']")  # no more network with libraries
     read_only = await run(executor, "open('/opt/llm-sandbox/libs/python/evil.py', 'w')", libraries=["six"])
     assert read_only.exit_code == 1 and "Read-only file system" in read_only.stderr
 
