@@ -66,7 +66,7 @@ REMOTE_TESTS = {
             "sandbox_has_no_capabilities_no_root_and_no_new_privileges",
             "seccomp_every_engine_answers_the_same_to_each_denied_syscall",
             "open_files_and_core_dumps_are_limited",
-            "sandbox_has_only_a_loopback_interface",
+            "sandbox_has_only_a_loopback_interface_or_a_pods_filtered_one",
             "root_filesystem_is_read_only_and_workspace_and_tmp_are_writable",
             "a_fork_bomb_is_contained_by_the_pids_limit",
             "a_memory_bomb_is_killed",
