@@ -24,8 +24,9 @@ What it implements:
   pod and container securityContext (user/group, supplementalGroups/fsGroup, runAsNonRoot, read-only
   root, capabilities, no-new-privileges, privileged, seccomp: `Localhost` profiles are read from the
   `seccomp_root` directory, as a kubelet reads its own), CPU/memory limits, emptyDir (medium
-  Memory: a tmpfs sized by sizeLimit; otherwise a host directory, whose sizeLimit, which a kubelet enforces
-  only by evicting the pod now and then, is not enforced) and PVC volumes, runtimeClassName (only the
+  Memory: a tmpfs sized by sizeLimit; otherwise a host directory, measured every second against its
+  sizeLimit, and the pod evicted once past it, as a kubelet's eviction manager does every 10 s: Failed,
+  reason `Evicted`, the kubelet's message) and PVC volumes, runtimeClassName (only the
   configured classes start),
   `activeDeadlineSeconds` (the container is killed and the pod fails with `DeadlineExceeded`, counted from
   the pod's start as a kubelet does). `hostUsers` is validated and stored without effect (the double's

@@ -26,7 +26,7 @@ class ContainerConfigError(Exception):
 @dataclass(frozen=True)
 class VolumeBacking:
     """Where a pod volume lives: a tmpfs (an emptyDir of medium Memory), a host directory (an emptyDir on the
-    node's disk: its sizeLimit is not enforced, as a kubelet only evicts the pod when it finds it past), or
+    node's disk: its sizeLimit is no quota; the runtime evicts the pod when it finds it past, as a kubelet), or
     the Docker named volume of a claim."""
 
     kind: Literal["tmpfs", "disk", "volume"]

@@ -61,11 +61,11 @@ def test_empty_dir_is_a_tmpfs_of_its_size_limit_writable_by_a_non_root_user(
     assert script[0] == "ran\n"
 
 
-def test_an_empty_dir_on_disk_is_no_tmpfs_and_its_size_limit_is_only_evictions(
+def test_an_empty_dir_on_disk_is_no_tmpfs_and_past_its_size_limit_the_pod_is_evicted(
     core: client.CoreV1Api, namespace: str, make_pod: PodFactory
 ) -> None:
-    """As on a node: without medium Memory an emptyDir is a directory on the node's disk, writable by any user,
-    and writing past its sizeLimit succeeds (a kubelet evicts the pod later; the double never does)."""
+    """As on a node: without medium Memory an emptyDir is a directory on the node's disk, writable by any user;
+    writing past its sizeLimit succeeds (it is no quota), and the kubelet's next look evicts the pod."""
     manifest = make_pod(
         "scratch-disk",
         securityContext={"runAsUser": 1000, "runAsGroup": 1000},
@@ -76,6 +76,9 @@ def test_an_empty_dir_on_disk_is_no_tmpfs_and_its_size_limit_is_only_evictions(
     mounts, _, _ = exec_in_pod(core, namespace, "scratch-disk", ["grep", " /work ", "/proc/mounts"])
     past = exec_in_pod(core, namespace, "scratch-disk", ["dd", "if=/dev/zero", "of=/work/big", "bs=1M", "count=4"])
     assert not mounts.startswith("tmpfs") and past[2] == 0, (mounts, past)
+    evicted = wait_for_pod(core, namespace, "scratch-disk", lambda p: bool(p.status and p.status.phase == "Failed"))
+    assert evicted.status is not None and evicted.status.reason == "Evicted"
+    assert evicted.status.message == 'Usage of EmptyDir volume "work" exceeds the limit "1Mi". '
 
 
 def test_pvc_is_bound_and_backed_by_a_labelled_docker_volume_that_delete_removes(
