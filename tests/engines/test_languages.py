@@ -268,13 +268,25 @@ async def test_a_busy_loop_is_killed_at_the_timeout_and_its_output_kept(lang_exe
     assert "timed out after 3 s" in result.stderr
 
 
+# The local registries' packages carry this session's token, so they install on every engine; the public ones
+# are installed afresh on Docker only (one real install per language is the proof; the other engines' own way to
+# the registries is proven by the contract suite's fresh install, and here they may reuse an earlier run's store).
+FRESH_PUBLIC_INSTALLS = "docker"
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 async def test_a_library_installs_and_the_code_uses_it(
-    lang_executor: Executor, registries: Registries, case: Case
+    lang_executor: Executor, backend: RecordingBackend, engine: str, registries: Registries, case: Case
 ) -> None:
     package = registries.packages.get(case.language) or REMOTE_PACKAGES[case.language]
+    fresh = case.language in registries.packages or engine == FRESH_PUBLIC_INSTALLS
+    if engine == FRESH_PUBLIC_INSTALLS:
+        backend.fresh_stores()
     result = await run(lang_executor, case, package.code, libraries=[package.spec], timeout=120)
     assert (result.exit_code, result.stdout) == (0, package.expected), result.stderr
+    if fresh:
+        installer = get_language(case.language).install_argv([package.spec])
+        assert installer in backend.argvs, f"{package.spec} came from a store an earlier run left"
 
 
 MISSING = {

@@ -68,7 +68,7 @@ async def container_executor(request: pytest.FixtureRequest, engine: str, **sett
     """An executor whose Python one-shot calls run in template containers' children (SANDBOX_ZYGOTE)."""
     await require(request, engine)
     configured = engine_settings(engine, sandbox_zygote=True, **{f"sandbox_{k}": v for k, v in settings.items()})
-    backend = load_backend(engine, configured)
+    backend = load_backend(configured.backend, configured)
     try:
         async with Executor(configured, backend) as executor:
             yield executor

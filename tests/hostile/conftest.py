@@ -4,7 +4,6 @@ the host's disk beyond a small margin."""
 
 from __future__ import annotations
 
-import resource
 import shutil
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from tests.engines.conftest import executor as executor
 from tests.engines.conftest import kube_double_stopped as kube_double_stopped
 from tests.engines.conftest import pytest_collection_modifyitems as pytest_collection_modifyitems
 from tests.engines.conftest import registry as registry
+from tests.support.memory import RssWindow
 
 _MARGIN = 256 * 1024**2
 _SETTLE_SECONDS = 30.0
@@ -38,15 +38,11 @@ def sandbox_user_processes() -> list[str]:
     return found
 
 
-def _peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 @pytest.fixture(autouse=True)
 def host_unharmed(engine: str) -> Iterator[None]:
     """Set up before the sandboxes and torn down after them, so it sees what the attack left behind (processes
     of the sandbox user that other tests left running before this one are not its concern)."""
-    rss, free, before = _peak_rss(), shutil.disk_usage("/").free, set(sandbox_user_processes())
+    rss, free, before = RssWindow(), shutil.disk_usage("/").free, set(sandbox_user_processes())
     yield
 
     def left() -> list[str]:
@@ -56,5 +52,5 @@ def host_unharmed(engine: str) -> Iterator[None]:
     while left() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert left() == [], f"processes of the sandbox user outlived the {engine} sandboxes"
-    assert _peak_rss() - rss < _MARGIN, "the server's memory grew past the margin"
+    assert rss.growth() < _MARGIN, "the server's memory grew past the margin (its peak during this test)"
     assert free - shutil.disk_usage("/").free < _MARGIN, "the host's disk filled past the margin"

@@ -27,16 +27,20 @@ What it implements:
   pod and container securityContext (user/group, supplementalGroups/fsGroup, runAsNonRoot, read-only
   root, capabilities, no-new-privileges, privileged, seccomp: `Localhost` profiles are read from the
   `seccomp_root` directory, as a kubelet reads its own), CPU/memory limits, emptyDir (medium
-  Memory: a tmpfs sized by sizeLimit; otherwise a host directory, whose sizeLimit, which a kubelet enforces
-  only by evicting the pod now and then, is not enforced) and PVC volumes, runtimeClassName (only the
+  Memory: a tmpfs sized by sizeLimit; otherwise a host directory, measured every second against its
+  sizeLimit, and the pod evicted once past it, as a kubelet's eviction manager does every 10 s: Failed,
+  reason `Evicted`, the kubelet's message) and PVC volumes, runtimeClassName (only the
   configured classes start),
   `activeDeadlineSeconds` (the container is killed and the pod fails with `DeadlineExceeded`, counted from
   the pod's start as a kubelet does). `hostUsers` is validated and stored without effect (the double's
   containers share Docker's user namespace).
 - core/v1 persistentvolumeclaims (create, get, list, delete) backed by Docker named volumes (Bound at
   once, protected from deletion while a pod uses them); networking.k8s.io/v1 networkpolicies (create,
-  get, list): a policy that selects pods (`matchLabels`) for Egress gives them Docker network "none",
-  other pods get the host network.
+  get, list): a pod that a policy selects (`matchLabels`) for Egress keeps a network as on a cluster
+  (`pod_network`): a pod sandbox container holds its namespace, with `eth0`, an address, a default route
+  and the cluster DNS server in `/etc/resolv.conf`, and everything it sends is dropped on the node side of
+  its veth pair, so connections out time out as under a CNI that enforces the policy; other pods get the
+  host network.
 
 Exec behaves like the kubelet: v5 clients end stdin with `close_channel(0)`; v4 has no end-of-stdin
 signal (an empty stdin frame is a zero-byte write), so stdin ends only when the client disconnects;
@@ -55,11 +59,13 @@ What it deliberately does not serve, and how it answers:
 - `CreateContainerConfigError` (the pod stays Pending): `$(VAR)` references (not expanded),
   `valueFrom`/`envFrom`, Localhost seccomp profiles missing from the node, `subPath` mounts.
 
-Not modelled: scheduling and nodes (one pretend node; pods bind at once), pod networking (no pod IPs,
-services or DNS), admission (no ServiceAccount token volume, no Pod Security, no quota, runtime classes
-are not API objects), image pulls (images must exist locally), container restarts and probes. Other
-pod fields (tolerations, nodeSelector, hostname, AppArmor and SELinux options, ...) are stored and
-echoed back without effect; a container's hostname is its pod's name.
+Not modelled: scheduling and nodes (one pretend node; pods bind at once), pod networking beyond the
+deny-all case above (no `status.podIP`, services or a DNS server; a denied pod's resolver gives up after
+one second per query, `timeout:1 attempts:1`, where a cluster's default resolver waits tens of seconds),
+admission (no ServiceAccount token volume, no Pod Security, no quota, runtime classes are not API objects),
+image pulls (images must exist locally), container restarts and probes. Other pod fields (tolerations,
+nodeSelector, hostname, AppArmor and SELinux options, ...) are stored and echoed back without effect; a
+container's hostname is its pod's name.
 
 How tests use it::
 

@@ -7,6 +7,7 @@ pod's `lock` serialises container creation against deletion, so a deleted pod ne
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import logging
 import os
@@ -29,6 +30,7 @@ from docker.types import Mount
 from .docker_api import docker_api
 from .errors import bad_request
 from .objects import JsonObj, as_list, as_obj
+from .pod_network import PodNetworkError, node_namespace, pod_sandbox
 from .quantity import to_bytes
 from .store import NETWORK_POLICIES, PERSISTENT_VOLUME_CLAIMS, PODS, Store, now_rfc3339
 from .translate import (
@@ -37,6 +39,7 @@ from .translate import (
     VolumeBacking,
     egress_denied,
     plan_container,
+    pod_hostname,
 )
 
 logger = logging.getLogger(__name__)
@@ -46,6 +49,9 @@ INSTANCE_LABEL = "k8s-double.instance"
 OWNER_LABEL = "k8s-double.owner-pid"  # lets a later run remove what a killed run left
 _HELPER_MOUNT = "k8s-double-volume"
 _NETWORK = "host"  # of every pod that no deny-all egress NetworkPolicy selects
+# How often disk emptyDirs are measured against their sizeLimit (a kubelet's eviction manager: every 10 s by
+# default; shorter here, so tests wait less for what a node does).
+EVICTION_INTERVAL = 1.0
 
 
 @dataclass(eq=False)
@@ -60,6 +66,7 @@ class PodRuntime:
     task: asyncio.Task[None] | None = None
     deleted: bool = False
     container: str | None = None  # its Docker id, once created
+    evicted: str = ""  # the eviction message, once the kubelet's eviction manager evicted the pod
 
 
 def _condition(type_: str, status: bool, reason: str = "", message: str = "") -> JsonObj:
@@ -136,6 +143,9 @@ class DockerKubelet:
         self._initialised_volumes: set[str] = set()
         # Disk emptyDirs: one host directory per pod and volume, 0777 as a kubelet makes them.
         self._scratch = Path(tempfile.mkdtemp(prefix="k8s-double-emptydir-"))
+        # The node side of denied pods' networks (see `pod_network`), made with the first such pod.
+        self._node_network: Container | None = None
+        self._node_lock = asyncio.Lock()
 
     async def _run_sync(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args, **kwargs))
@@ -333,13 +343,20 @@ class DockerKubelet:
         backings = await self._prepare_volumes(runtime, pod)
         if backings is None:
             return
-        network_mode = "none" if self._egress_denied(pod) else _NETWORK
+        network_mode = _NETWORK
+        if self._egress_denied(pod):
+            sandbox = await self._pod_sandbox(runtime, pod, container)
+            if sandbox is None:
+                return
+            network_mode = f"container:{sandbox}"
         self._update(runtime, lambda p: _set_condition(p, _condition("PodReadyToStartContainers", True)))
         result = await self._start_container(runtime, pod, container, backings, network_mode)
         if result is None:
             return
         container_id, started_at = result
         deadline = spec.get("activeDeadlineSeconds")
+        sized = {name: b for name, b in backings.items() if b.kind == "disk" and b.size_bytes}
+        evictions = self._spawn(self._evict_past_size_limits(runtime, pod, container_id, sized)) if sized else None
         try:
             # The kubelet counts the deadline from the pod's start, and then kills it, whatever runs in it.
             remaining = None if deadline is None else max(0.0, bound_at + deadline - time.monotonic())
@@ -349,10 +366,76 @@ class DockerKubelet:
             if not runtime.deleted:
                 self._update(runtime, _deadline_exceeded)
             return
+        finally:
+            if evictions is not None:
+                evictions.cancel()
         if runtime.deleted:
             return
         state = _terminated(exit_code, reason, started_at, container_id)
+        if runtime.evicted:
+            self._update(runtime, partial(_evicted, state=state, message=runtime.evicted))
+            return
         self._update(runtime, partial(_finish, state=state, phase="Succeeded" if exit_code == 0 else "Failed"))
+
+    async def _evict_past_size_limits(
+        self, runtime: PodRuntime, pod: JsonObj, container_id: str, sized: Mapping[str, VolumeBacking]
+    ) -> None:
+        """The kubelet's eviction manager for disk emptyDirs: now and then (every EVICTION_INTERVAL) it measures
+        each one, and evicts the pod at once (grace period 0) when one is past its sizeLimit. Writes past the
+        limit succeed meanwhile, as on a node: the limit is no quota."""
+        volumes = {str(v["name"]): as_obj(v.get("emptyDir")) for v in as_list(pod["spec"].get("volumes"))}
+        while not runtime.deleted:
+            await asyncio.sleep(EVICTION_INTERVAL)
+            for name, backing in sized.items():
+                used = await self._run_sync(_disk_usage, Path(backing.host_path))
+                if backing.size_bytes is not None and used > backing.size_bytes:
+                    limit = volumes[name].get("sizeLimit")
+                    runtime.evicted = f'Usage of EmptyDir volume "{name}" exceeds the limit "{limit}". '
+                    await self._run_sync(_ignore_gone, self._api.kill, container_id)
+                    return
+
+    async def _pod_sandbox(self, runtime: PodRuntime, pod: JsonObj, container: JsonObj) -> str | None:
+        """The pod sandbox holding a denied pod's network namespace (see `pod_network`); its id, or None when the
+        pod cannot go on (its status then says why)."""
+        if await self._image_config(runtime, container) is None:
+            return None
+        image = str(container["image"])
+        labels = {
+            **self.labels,
+            "io.kubernetes.pod.namespace": runtime.namespace,
+            "io.kubernetes.pod.name": runtime.name,
+            "io.kubernetes.pod.uid": runtime.uid,
+        }
+        digest = hashlib.sha256(runtime.uid.encode()).digest()
+        address = f"10.244.{digest[0]}.{digest[1] % 254 + 1}"
+        try:
+            async with self._node_lock:
+                if self._node_network is None:
+                    self._node_network = await self._run_sync(node_namespace, self._docker, image, self.labels)
+            async with runtime.lock:
+                if runtime.deleted:
+                    return None
+                sandbox = await self._run_sync(
+                    pod_sandbox,
+                    self._docker,
+                    image,
+                    name=f"k8sd-{self._instance[:8]}-{runtime.uid[:8]}-POD",
+                    hostname=pod_hostname(pod),
+                    labels=labels,
+                    node=self._node_network,
+                    address=address,
+                    namespace=runtime.namespace,
+                )
+        except (PodNetworkError, docker.errors.APIError) as exc:
+            message = f"Failed to create pod sandbox: {exc}"
+            self._update(
+                runtime,
+                lambda p: _set_condition(
+                    p, _condition("PodReadyToStartContainers", False, "FailedCreatePodSandBox", message)
+                ),
+            )
+            return None
+        return str(sandbox.id)
 
     def _egress_denied(self, pod: JsonObj) -> bool:
         policies = self._store.list(NETWORK_POLICIES, pod["metadata"]["namespace"])
@@ -574,6 +657,27 @@ def _set_status(
         pod["status"]["phase"] = "Running"
         for type_ in ("Ready", "ContainersReady"):
             _set_condition(pod, _condition(type_, True))
+
+
+def _disk_usage(root: Path) -> int:
+    """Bytes of disk the tree under `root` holds (allocated blocks, as `du` and the kubelet count), read as root."""
+    total = 0
+    for directory, subdirectories, files in os.walk(root):
+        for name in [*subdirectories, *files]:
+            try:
+                total += os.lstat(os.path.join(directory, name)).st_blocks * 512
+            except OSError:
+                continue  # removed meanwhile
+    return total
+
+
+def _evicted(pod: JsonObj, *, state: JsonObj, message: str) -> None:
+    """What a kubelet reports of a pod it evicted: Failed, reason Evicted, and why."""
+    _set_status(pod, state=state)
+    pod["status"].update(phase="Failed", reason="Evicted", message=message)
+    _set_condition(pod, _condition("DisruptionTarget", True, "TerminationByKubelet", message))
+    for type_ in ("Ready", "ContainersReady"):
+        _set_condition(pod, _condition(type_, False, "PodFailed"))
 
 
 def _deadline_exceeded(pod: JsonObj) -> None:

@@ -26,7 +26,7 @@ class ContainerConfigError(Exception):
 @dataclass(frozen=True)
 class VolumeBacking:
     """Where a pod volume lives: a tmpfs (an emptyDir of medium Memory), a host directory (an emptyDir on the
-    node's disk: its sizeLimit is not enforced, as a kubelet only evicts the pod when it finds it past), or
+    node's disk: its sizeLimit is no quota; the runtime evicts the pod when it finds it past, as a kubelet), or
     the Docker named volume of a claim."""
 
     kind: Literal["tmpfs", "disk", "volume"]
@@ -61,6 +61,10 @@ def parse_image_user(user: str) -> tuple[int | None, str]:
     if not name:
         return None, ""
     return (int(name), "") if name.isdigit() else (None, name)
+
+
+def pod_hostname(pod: JsonObj) -> str:
+    return str(as_obj(pod.get("metadata")).get("name"))[:63]
 
 
 def pod_ref(pod: JsonObj) -> str:
@@ -239,7 +243,6 @@ def plan_container(
         "name": name,
         "detach": True,
         "labels": dict(labels),
-        "hostname": str(as_obj(pod.get("metadata")).get("name"))[:63],
         "network_mode": network_mode,
         "environment": env,
         "read_only": bool(context.get("readOnlyRootFilesystem")),
@@ -256,6 +259,8 @@ def plan_container(
         kwargs["command"] = args
     elif args:
         kwargs["command"] = args
+    if not network_mode.startswith("container:"):  # in a pod sandbox's namespace, the sandbox has the hostname
+        kwargs["hostname"] = pod_hostname(pod)
     user = _user(context, image_user)
     if user is not None:
         kwargs["user"] = user

@@ -1,4 +1,5 @@
-"""Volumes (emptyDir tmpfs, PVCs on Docker volumes) and NetworkPolicies (deny-all egress cuts the network)."""
+"""Volumes (emptyDir tmpfs, PVCs on Docker volumes) and NetworkPolicies (deny-all egress drops what a pod sends,
+as a cluster's CNI does)."""
 
 from __future__ import annotations
 
@@ -60,11 +61,11 @@ def test_empty_dir_is_a_tmpfs_of_its_size_limit_writable_by_a_non_root_user(
     assert script[0] == "ran\n"
 
 
-def test_an_empty_dir_on_disk_is_no_tmpfs_and_its_size_limit_is_only_evictions(
+def test_an_empty_dir_on_disk_is_no_tmpfs_and_past_its_size_limit_the_pod_is_evicted(
     core: client.CoreV1Api, namespace: str, make_pod: PodFactory
 ) -> None:
-    """As on a node: without medium Memory an emptyDir is a directory on the node's disk, writable by any user,
-    and writing past its sizeLimit succeeds (a kubelet evicts the pod later; the double never does)."""
+    """As on a node: without medium Memory an emptyDir is a directory on the node's disk, writable by any user;
+    writing past its sizeLimit succeeds (it is no quota), and the kubelet's next look evicts the pod."""
     manifest = make_pod(
         "scratch-disk",
         securityContext={"runAsUser": 1000, "runAsGroup": 1000},
@@ -75,6 +76,9 @@ def test_an_empty_dir_on_disk_is_no_tmpfs_and_its_size_limit_is_only_evictions(
     mounts, _, _ = exec_in_pod(core, namespace, "scratch-disk", ["grep", " /work ", "/proc/mounts"])
     past = exec_in_pod(core, namespace, "scratch-disk", ["dd", "if=/dev/zero", "of=/work/big", "bs=1M", "count=4"])
     assert not mounts.startswith("tmpfs") and past[2] == 0, (mounts, past)
+    evicted = wait_for_pod(core, namespace, "scratch-disk", lambda p: bool(p.status and p.status.phase == "Failed"))
+    assert evicted.status is not None and evicted.status.reason == "Evicted"
+    assert evicted.status.message == 'Usage of EmptyDir volume "work" exceeds the limit "1Mi". '
 
 
 def test_pvc_is_bound_and_backed_by_a_labelled_docker_volume_that_delete_removes(
@@ -221,9 +225,11 @@ def test_network_policy_the_double_cannot_enforce_is_422(
     assert field in str(cast(Any, caught.value).body)
 
 
-def test_deny_all_egress_policy_leaves_selected_pods_only_a_loopback_interface(
+def test_deny_all_egress_policy_keeps_the_interface_and_drops_what_leaves_it(
     api_client: client.ApiClient, core: client.CoreV1Api, namespace: str, make_pod: PodFactory
 ) -> None:
+    """As on a cluster: the selected pod keeps eth0, an address and a default route, and nothing it sends
+    arrives (the connection and the cluster DNS lookup time out); the installer pod is on the host network."""
     policy: dict[str, Any] = {
         "metadata": {"name": "sandbox-no-egress"},
         "spec": {"podSelector": {"matchLabels": {"role": "sandbox"}}, "policyTypes": ["Ingress", "Egress"]},
@@ -234,5 +240,13 @@ def test_deny_all_egress_policy_leaves_selected_pods_only_a_loopback_interface(
     run_pod(core, namespace, make_pod("isolated", labels={"role": "sandbox"}))
     run_pod(core, namespace, make_pod("installer", labels={"role": "installer"}))
 
-    assert _interfaces(core, namespace, "isolated") == ["lo"]
+    assert _interfaces(core, namespace, "isolated") == ["eth0", "lo"]
+    routes, _, _ = exec_in_pod(core, namespace, "isolated", ["cat", "/proc/net/route"])
+    assert any(line.split()[:2] == ["eth0", "00000000"] for line in routes.splitlines()), routes  # a default route
+    out, err, code = exec_in_pod(core, namespace, "isolated", ["busybox", "nc", "-w", "2", "1.1.1.1", "80"])
+    assert code != 0 and "timed out" in err, (out, err)  # dropped, not refused or unreachable
+    out, err, code = exec_in_pod(core, namespace, "isolated", ["busybox", "nslookup", "example.com"])
+    assert code != 0 and "no servers could be reached" in out + err, (out, err)
+    resolver, _, _ = exec_in_pod(core, namespace, "isolated", ["cat", "/etc/resolv.conf"])
+    assert "nameserver 10.96.0.10" in resolver  # the cluster's DNS server, which the policy keeps out of reach
     assert len(_interfaces(core, namespace, "installer")) > 1
