@@ -69,7 +69,8 @@ declare -A RUNTIME_CHECK=(
   [ruby]='ruby --version'
 )
 
-HOST_ENGINE_PACKAGES=(docker.io podman runc bubblewrap debootstrap uidmap curl ca-certificates busybox-static)
+HOST_ENGINE_PACKAGES=(docker.io podman runc bubblewrap debootstrap uidmap curl ca-certificates busybox-static
+  iproute2 util-linux)  # ip and nsenter: the Kubernetes double's pod network
 HOST_RUNTIME_PACKAGES=(python3 python3-pip python3-venv python3-numpy python3-matplotlib
   nodejs npm golang-go g++ default-jdk-headless r-base-core r-cran-ggplot2 ruby tar)
 HOST_COMMANDS=(dockerd docker podman runc bwrap debootstrap curl python3 pip3 node npm go g++
