@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import stat
 import sys
 from dataclasses import dataclass
@@ -42,6 +43,13 @@ def _refuse(path: Path, problem: str) -> ConfigError:
     return ConfigError([f"{SETTING} ({path}): {problem}"])
 
 
+def _kubernetes_secret(info: os.stat_result) -> bool:
+    """A Secret a kubelet mounted for a pod with `fsGroup`: root's, readable by the server's own group and no one
+    else, written by no one but root (`defaultMode: 0400` becomes 0440 with the pod's group)."""
+    mode = stat.S_IMODE(info.st_mode)
+    return info.st_uid == 0 != os.geteuid() and info.st_gid == os.getegid() and mode & 0o077 == 0o040
+
+
 class TokenFile:
     """The principals and their tokens' digests, read once at start (restart the server to change them)."""
 
@@ -71,7 +79,7 @@ class TokenFile:
             raise _refuse(path, f"cannot be read: {exc.strerror or exc}") from None
         if not stat.S_ISREG(info.st_mode):
             raise _refuse(path, "is not a regular file")
-        if sys.platform != "win32" and info.st_mode & 0o077:
+        if sys.platform != "win32" and info.st_mode & 0o077 and not _kubernetes_secret(info):
             raise _refuse(
                 path,
                 f"is readable or writable by others than its owner (mode {stat.S_IMODE(info.st_mode):04o}); "

@@ -3,7 +3,10 @@ token verifier, the listen address, and when serving without tokens is refused."
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -71,6 +74,51 @@ def test_a_file_others_can_read_or_write_is_refused(tmp_path: Path, mode: int) -
         ConfigError, match=rf"readable or writable by others than its owner \(mode {mode:04o}\).*chmod 600"
     ):
         TokenFile.load(_file(tmp_path, f"alice {ALICE}\n", mode))
+
+
+def _load_as(uid: int, path: Path) -> str:
+    """What loading the file gives a process of `uid` (whose only group is `uid`): the principal, or the error."""
+    reading, writing = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe and never returns
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            answer = str(TokenFile.load(path).principal_of(ALICE))
+        except BaseException as exc:
+            answer = f"refused: {exc}"
+        os.write(writing, answer.encode())
+        os._exit(0)
+    os.close(writing)
+    with os.fdopen(reading, "rb") as pipe:
+        answer = pipe.read().decode()
+    os.waitpid(child, 0)
+    return answer
+
+
+ROOT_ONLY = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="makes another user's file")
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize(
+    ("group", "mode", "accepted"), [(12345, 0o440, True), (12346, 0o440, False), (12345, 0o460, False)]
+)
+def test_a_kubernetes_secret_readable_by_the_servers_own_group_only_is_accepted(
+    group: int, mode: int, accepted: bool
+) -> None:
+    """A kubelet mounts a Secret root's, with the pod's fsGroup: the server, not root, reads it through its group."""
+    directory = Path(tempfile.mkdtemp())
+    try:
+        directory.chmod(0o755)
+        path = _file(directory, f"alice {ALICE}\n", mode)
+        os.chown(path, 0, group)
+        path.chmod(mode)
+        answer = _load_as(12345, path)
+        assert (answer == "alice") is accepted, answer
+        assert ALICE not in answer
+    finally:
+        shutil.rmtree(directory)
 
 
 def test_a_missing_file_or_a_directory_is_refused(tmp_path: Path) -> None:
