@@ -241,3 +241,37 @@ async def test_the_warm_runners_protocol_pipe_cannot_be_opened_by_the_code(
     assert result.exit_code != 0 and ("EACCES" in result.stderr or "Permission denied" in result.stderr), result
     assert result.artifacts == []
     await still_answers(executor)
+
+
+# Stops every process that appears after it starts, the moment it may be signalled (a PID namespace hands pids
+# out in order; the kernel's own threads are left alone): whatever the server would start in the sandbox to
+# interrupt the cell is stopped before it acts. A stopped `runc init` held the engine's every call on that
+# container (the cell, its kill, its removal) for minutes.
+STOP_NEWCOMERS = """
+import os, signal
+mine = {int(task) for task in os.listdir("/proc/self/task")}
+last = max(mine | {int(entry) for entry in os.listdir("/proc") if entry.isdigit()})
+waiting = set(range(last + 1, last + 200)) - mine
+while waiting:
+    for pid in sorted(waiting)[:16]:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+            waiting.discard(pid)
+        except OSError:
+            pass
+"""
+
+
+async def test_a_cell_that_stops_every_new_process_is_still_interrupted_at_its_timeout(
+    executor: Executor, registry: SessionRegistry
+) -> None:
+    """The server keeps a cell's time and interrupts it through the kernel's own stream: nothing started in the
+    sandbox, so nothing the code can stop, and the cell ends at its timeout with its session's state kept."""
+    session = await registry.create("python", [])
+    await registry.execute(session.id, "x = 1", [], 60)
+    with anyio.fail_after(60):  # a bound on a hang, not a timing assertion: before, such a cell took minutes
+        result = await registry.execute(session.id, textwrap.dedent(STOP_NEWCOMERS), [], 3)
+    assert result.timed_out and not result.interpreter_lost and "KeyboardInterrupt" in result.stderr, result
+    again = await registry.execute(session.id, "print(x)", [], 60)
+    assert (again.exit_code, again.stdout) == (0, "1\n"), again
+    await still_answers(executor)

@@ -100,7 +100,7 @@ async def test_a_session_keeps_its_state_across_an_interrupted_cell(host: HostRu
     result = await run(kernel, "import time\nwhile True: time.sleep(0.05)", "inline", timeout=1)
     assert result.timed_out and result.exit_code == 1 and b"KeyboardInterrupt" in result.stderr
     assert not result.interpreter_lost and host.killed == []
-    assert host.calls == [["kill", "-INT", "1"]]  # the interrupt is a signal, not a frame
+    assert host.calls == []  # the interrupt is a frame: nothing runs in the sandbox that the code could stop
     assert (await run(kernel, "x", "inline")).stdout == b"41\n"
 
 
