@@ -275,3 +275,26 @@ async def test_a_cell_that_stops_every_new_process_is_still_interrupted_at_its_t
     again = await registry.execute(session.id, "print(x)", [], 60)
     assert (again.exit_code, again.stdout) == (0, "1\n"), again
     await still_answers(executor)
+
+
+async def test_signals_the_code_sends_pid_1_do_not_end_its_session(
+    executor: Executor, registry: SessionRegistry
+) -> None:
+    """PID 1 survives every signal the code may send it, and the session keeps its state. SIGUSR1 is the container
+    engines' kill request (Kubernetes can only send it from inside): there it kills the sender's own processes,
+    and the next cell says the interpreter was lost, then it is restarted."""
+    session = await registry.create("python", [])
+    code = "import os, signal, time\nx = 41\nfor name in ('INT', 'TERM', 'HUP', 'QUIT', 'USR2', 'ALRM', 'PIPE'):\n"
+    code += "    os.kill(1, getattr(signal, 'SIG' + name))\n    time.sleep(0.1)"
+    assert (await registry.execute(session.id, code, [], 60)).exit_code == 0
+    check = "print(x + 1 if 'x' in dir() else 'gone')"
+    kept = await registry.execute(session.id, check, [], 60)
+    assert (kept.exit_code, kept.stdout) == (0, "42\n"), kept
+    await registry.execute(session.id, "import os, signal, time\nos.kill(1, signal.SIGUSR1)\ntime.sleep(0.5)", [], 60)
+    again = await registry.execute(session.id, check, [], 60)
+    if again.stdout == "42\n":  # bubblewrap and NsJail: their PID 1 ignores it too
+        return
+    if again.interpreter_lost:  # it died after its cell: this cell says so, the next one restarts it
+        assert "the interpreter was lost" in again.stderr, again
+        again = await registry.execute(session.id, check, [], 60)
+    assert again.stdout == "gone\n" and "restarted" in again.stderr, again
