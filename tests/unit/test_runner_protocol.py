@@ -104,6 +104,14 @@ async def test_a_session_keeps_its_state_across_an_interrupted_cell(host: HostRu
     assert (await run(kernel, "x", "inline")).stdout == b"41\n"
 
 
+async def test_an_interrupt_that_comes_between_cells_is_dropped(host: HostRunners) -> None:
+    kernel = await Kernel.start(host, ref("py"), {}, preload=False)
+    assert (await run(kernel, "x = 41", "inline")).exit_code == 0  # from here on a thread reads the frames
+    await kernel.process.send(encode_frame(b"I"))
+    result = await run(kernel, "import time\ntime.sleep(0.5)\nx + 1", "inline")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, b"42\n", b""), result
+
+
 async def test_a_file_name_that_is_not_text_is_skipped(host: HostRunners) -> None:
     # The kernel sends such a name as JSON's escape of a lone surrogate; the supervisor never sends it.
     kernel = await Kernel.start(host, ref("py"), {}, preload=False)
