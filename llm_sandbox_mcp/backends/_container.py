@@ -15,11 +15,14 @@ from llm_sandbox_mcp.models import OOM_SCORE_ADJ, Limits
 #   dodge that: PID 1 of a PID namespace gets no signal from inside but those it handles (so no SIGSTOP or
 #   SIGKILL), needs no new process (so a full pids limit does not matter), and kill(-1) reaches every
 #   process at once. The engine sends the signal from outside;
+# - ignores the signals it does not use (a shell handles SIGINT even as PID 1, and would end the sandbox with its
+#   session): the code can send them; SIGUSR1, the kill, it can send too, and then kills only its own processes;
 # - writes nothing: its output is /dev/null, so code writing to /proc/1/fd/1 cannot fill the engine's log.
 INIT = [
     "sh",
     "-c",
-    "exec </dev/null >/dev/null 2>&1; trap 'kill -KILL -1' USR1; while :; do sleep 86400 & wait $!; done",
+    "exec </dev/null >/dev/null 2>&1; trap '' INT TERM HUP QUIT USR2 ALRM PIPE; trap 'kill -KILL -1' USR1; "
+    "while :; do sleep 86400 & wait $!; done",
 ]
 KILL_SIGNAL = "SIGUSR1"
 # Where the engine cannot signal PID 1 (Kubernetes), a process of the sandbox asks it to, and is itself

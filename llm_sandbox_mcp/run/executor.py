@@ -44,6 +44,11 @@ from llm_sandbox_mcp.run.parts import assemble
 logger = logging.getLogger(__name__)
 
 
+# What stderr holds when ./main could not start: a shell's words on it (dash's "sh: 1: exec: ./main: ...",
+# bash's "sh: line 1: ./main: ..."), or the dynamic loader's.
+_DID_NOT_START = (b": ./main: ", b"./main: error while loading shared libraries")
+
+
 class _StaleBinary(Exception):
     """A binary from the build cache did not start: the run is made again with a build."""
 
@@ -361,8 +366,14 @@ class Executor:
         if plan.key is None:
             return
         if plan.binary is not None:
-            # The dynamic loader or exec refused it (126/127 before a byte of output): build again instead.
-            if result.exit_code in (126, 127) and not result.stdout and not result.artifacts:
+            # The dynamic loader or exec refused it (126/127 before a byte of output, with their words on
+            # stderr): build again instead. A program that ran and chose that status is its result.
+            if (
+                result.exit_code in (126, 127)
+                and not result.stdout
+                and not result.artifacts
+                and any(sign in result.stderr for sign in _DID_NOT_START)
+            ):
                 self.builds.forget(plan.key)
                 raise _StaleBinary
         elif kernel.built is not None:

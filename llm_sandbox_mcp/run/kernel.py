@@ -260,9 +260,9 @@ class Kernel:
                     timed_out = True
                     if mode == "inline" and not interrupted:
                         interrupted = True
-                        await self.backend.exec(self.ref, ["kill", "-INT", str(self.pid)], timeout=10)
                         deadline = time.monotonic() + _INTERRUPT_GRACE
-                        continue
+                        if await self._interrupt(deadline):
+                            continue
                     await self._kill()
                     lost = self.collect_outside = True
                     exit_code = 137
@@ -363,14 +363,26 @@ class Kernel:
             return
         if inline and self.alive:
             try:
-                await self.backend.exec(self.ref, ["kill", "-INT", str(self.pid)], timeout=10)
                 deadline = time.monotonic() + _CANCEL_GRACE
-                while (frame := await self._next_frame(deadline)) is not None:
-                    if frame[0] == b"D":
-                        return
+                if await self._interrupt(deadline):
+                    while (frame := await self._next_frame(deadline)) is not None:
+                        if frame[0] == b"D":
+                            return
             except SandboxFailure as exc:  # includes a broken protocol: the kill below ends it
                 logger.info("Interrupting the cell in %s failed: %s", self.ref.id[:12], exc)
         await self._kill()
+
+    async def _interrupt(self, deadline: float) -> bool:
+        """Ask the cell that runs now to stop (an `I` frame: its kernel raises KeyboardInterrupt in it). Nothing is
+        started in the sandbox for it, so the code cannot stop the interrupt on its way. False when it could not be
+        sent by `deadline` (a kernel that stopped reading): the caller kills from outside."""
+        try:
+            with anyio.fail_after(max(0.0, deadline - time.monotonic())):
+                await self.process.send(encode_frame(b"I"))
+        except (SandboxFailure, TimeoutError) as exc:
+            logger.info("Could not interrupt the cell in %s: %s", self.ref.id[:12], exc or "it stopped reading")
+            return False
+        return True
 
     async def _kill(self) -> None:
         self.alive = False

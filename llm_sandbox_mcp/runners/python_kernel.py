@@ -1,6 +1,7 @@
 # The Python kernel: runs inside the sandbox as `python3 -c <this file>` and speaks a framed protocol with the
 # server on its stdin/stdout. Frames are 1 kind byte + 4-byte big-endian length + payload.
 #   server -> kernel  R {"mode": "fork"|"inline", "echo", "artifact_limit", "filename"} "\n" code (UTF-8)
+#                     I (empty): interrupt the session cell that runs now (KeyboardInterrupt); dropped otherwise
 #   kernel -> server  H {"pid", "python"}   O stdout bytes   E stderr bytes
 #                     F {"name", "size", "inline"} "\n" data     D {"exit", "clean"?, "timed_out"?, "times"?}
 # Started as `python3 -c <this file> <python_isolation.py source> <config JSON>`, it is the kernel of a Docker or
@@ -13,7 +14,9 @@
 # could not be achieved, with no files: the server then kills and collects from outside); a "timeout" in the
 # request (seconds) is enforced here, the program and all it started killed at it ("timed_out" in D), so its
 # files still come back. "inline" runs it in this process so variables survive between calls (sessions); what
-# the code leaves running is left alone.
+# the code leaves running is left alone. Once a session has begun, a reader thread takes the frames, so an
+# interrupt reaches a cell while it runs: the server keeps a cell's time and asks through this stream, with
+# nothing started in the sandbox that the code could stop.
 # The user's stdout/stderr go to pipes this kernel forwards, so nothing the code prints can break framing.
 # Must run on any Python 3.8+. Prints nothing of its own.
 import ast
@@ -460,6 +463,28 @@ def fresh_main(filename):
 
 
 SESSION = {}
+# Set by the main thread while a session's cell runs: an interrupt that comes outside a cell is dropped.
+IN_CELL = [False]
+
+
+def on_interrupt(signum, frame):
+    if IN_CELL[0]:
+        raise KeyboardInterrupt
+
+
+def read_frames(requests):
+    """A session kernel's reader: requests queue for the main thread, an interrupt goes to the cell now running."""
+    main = threading.main_thread().ident
+    while True:
+        try:
+            kind, payload = receive()
+        except EOFError:
+            requests.put(None)
+            return
+        if kind == b"I":
+            signal.pthread_kill(main, signal.SIGINT)
+        elif kind == b"R":
+            requests.put(payload)
 
 
 def run_inline(request, capture):
@@ -468,7 +493,11 @@ def run_inline(request, capture):
     if namespace is None:
         namespace = SESSION["namespace"] = fresh_main(request["filename"])
     try:
-        status = run_code(request, namespace)
+        try:
+            IN_CELL[0] = True
+            status = run_code(request, namespace)
+        finally:
+            IN_CELL[0] = False
     except KeyboardInterrupt:
         status = 130
     wait_forwarded(capture)
@@ -591,17 +620,30 @@ def main():
         serve_forks(isolation, json.loads(sys.argv[2]))
         return
     capture = None
+    requests = None
     while True:
-        try:
-            kind, payload = receive()
-        except EOFError:
-            return
-        if kind != b"R":
-            continue
+        if requests is None:
+            try:
+                kind, payload = receive()
+            except EOFError:
+                return
+            if kind != b"R":
+                continue
+        else:
+            payload = requests.get()
+            if payload is None:
+                return
         request = parse_request(payload)
         if request.get("mode") == "fork":
             run_forked(request)
             continue
+        if requests is None:
+            # A session from now on (a one-shot kernel forks its program with no thread of its own running).
+            import queue
+
+            requests = queue.Queue()
+            signal.signal(signal.SIGINT, on_interrupt)
+            threading.Thread(target=read_frames, args=(requests,), daemon=True).start()
         if capture is None:
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()

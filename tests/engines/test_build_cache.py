@@ -150,6 +150,16 @@ async def test_a_cached_binary_that_does_not_start_is_built_again(backend: Recor
         assert (executor.builds.get(key) or b"").startswith(b"\x7fELF\x02") and executor.builds.stores == 2
 
 
+async def test_a_cached_program_whose_own_status_is_127_runs_once(backend: RecordingBackend, engine: str) -> None:
+    """126 and 127 are also what a shell says when ./main cannot start: only that (the shell's or the dynamic
+    loader's own words) makes the server build again, not a program that ran and chose that status."""
+    code = '#include <cstdio>\n\nint main() {\n    std::fputs("ran\\n", stderr);\n    return 127;\n}\n'
+    async with cache_of(backend, engine) as executor:
+        built, cached = await twice(executor, code, "cpp")
+        assert (built.exit_code, built.stderr) == (cached.exit_code, cached.stderr) == (127, "ran\n"), cached
+        assert (executor.builds.hits, executor.builds.stores) == (1, 1)  # ran from the cache, not built again
+
+
 @pytest.mark.parametrize(("size", "language"), [("1m", "go"), ("0", "cpp")])
 async def test_a_binary_over_the_cache_size_is_not_kept_and_size_zero_turns_it_off(
     backend: RecordingBackend, engine: str, size: str, language: str

@@ -241,3 +241,60 @@ async def test_the_warm_runners_protocol_pipe_cannot_be_opened_by_the_code(
     assert result.exit_code != 0 and ("EACCES" in result.stderr or "Permission denied" in result.stderr), result
     assert result.artifacts == []
     await still_answers(executor)
+
+
+# Stops every process that appears after it starts, the moment it may be signalled (a PID namespace hands pids
+# out in order; the kernel's own threads are left alone): whatever the server would start in the sandbox to
+# interrupt the cell is stopped before it acts. A stopped `runc init` held the engine's every call on that
+# container (the cell, its kill, its removal) for minutes.
+STOP_NEWCOMERS = """
+import os, signal
+mine = {int(task) for task in os.listdir("/proc/self/task")}
+last = max(mine | {int(entry) for entry in os.listdir("/proc") if entry.isdigit()})
+waiting = set(range(last + 1, last + 200)) - mine
+while waiting:
+    for pid in sorted(waiting)[:16]:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+            waiting.discard(pid)
+        except OSError:
+            pass
+"""
+
+
+async def test_a_cell_that_stops_every_new_process_is_still_interrupted_at_its_timeout(
+    executor: Executor, registry: SessionRegistry
+) -> None:
+    """The server keeps a cell's time and interrupts it through the kernel's own stream: nothing started in the
+    sandbox, so nothing the code can stop, and the cell ends at its timeout with its session's state kept."""
+    session = await registry.create("python", [])
+    await registry.execute(session.id, "x = 1", [], 60)
+    with anyio.fail_after(60):  # a bound on a hang, not a timing assertion: before, such a cell took minutes
+        result = await registry.execute(session.id, textwrap.dedent(STOP_NEWCOMERS), [], 3)
+    assert result.timed_out and not result.interpreter_lost and "KeyboardInterrupt" in result.stderr, result
+    again = await registry.execute(session.id, "print(x)", [], 60)
+    assert (again.exit_code, again.stdout) == (0, "1\n"), again
+    await still_answers(executor)
+
+
+async def test_signals_the_code_sends_pid_1_do_not_end_its_session(
+    executor: Executor, registry: SessionRegistry
+) -> None:
+    """PID 1 survives every signal the code may send it, and the session keeps its state. SIGUSR1 is the container
+    engines' kill request (Kubernetes can only send it from inside): there it kills the sender's own processes,
+    and the next cell says the interpreter was lost, then it is restarted."""
+    session = await registry.create("python", [])
+    code = "import os, signal, time\nx = 41\nfor name in ('INT', 'TERM', 'HUP', 'QUIT', 'USR2', 'ALRM', 'PIPE'):\n"
+    code += "    os.kill(1, getattr(signal, 'SIG' + name))\n    time.sleep(0.1)"
+    assert (await registry.execute(session.id, code, [], 60)).exit_code == 0
+    check = "print(x + 1 if 'x' in dir() else 'gone')"
+    kept = await registry.execute(session.id, check, [], 60)
+    assert (kept.exit_code, kept.stdout) == (0, "42\n"), kept
+    await registry.execute(session.id, "import os, signal, time\nos.kill(1, signal.SIGUSR1)\ntime.sleep(0.5)", [], 60)
+    again = await registry.execute(session.id, check, [], 60)
+    if again.stdout == "42\n":  # bubblewrap and NsJail: their PID 1 ignores it too
+        return
+    if again.interpreter_lost:  # it died after its cell: this cell says so, the next one restarts it
+        assert "the interpreter was lost" in again.stderr, again
+        again = await registry.execute(session.id, check, [], 60)
+    assert again.stdout == "gone\n" and "restarted" in again.stderr, again

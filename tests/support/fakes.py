@@ -56,13 +56,17 @@ class FakeKernel:
     async def send(self, data: bytes) -> None:
         self.inbox += data
         while len(self.inbox) >= _FRAME.size:
-            _, size = _FRAME.unpack_from(self.inbox)
+            kind, size = _FRAME.unpack_from(self.inbox)
             if len(self.inbox) < _FRAME.size + size:
                 return
             header, _, code = bytes(self.inbox[_FRAME.size : _FRAME.size + size]).partition(b"\n")
-            request: dict[str, object] = {**json.loads(header), "code": code.decode()}
             del self.inbox[: _FRAME.size + size]
-            self._run(request)
+            if kind == b"I":
+                self.backend.interrupts += 1
+                if self.backend.interruptible:
+                    self.interrupt()
+                continue
+            self._run({**json.loads(header), "code": code.decode()})
 
     def _run(self, request: dict[str, object]) -> None:
         call = Call(["python3", "-c", "<kernel>"], str(request["code"]).encode(), self.env, 0.0)
@@ -80,7 +84,7 @@ class FakeKernel:
         self.pending += frame(b"D", json.dumps({"exit": result.exit_code}).encode())
 
     def interrupt(self) -> None:
-        """SIGINT: a busy cell that honours it ends with KeyboardInterrupt, as the real kernel does."""
+        """An interrupt: a busy cell that honours it ends with KeyboardInterrupt, as the real kernel does."""
         if self.busy:
             self.busy = False
             self.pending += frame(b"E", b"KeyboardInterrupt\n") + frame(b"D", json.dumps({"exit": 1}).encode())
@@ -129,6 +133,8 @@ class FakeBackend:
     # until kill_all or destroy ends it. `interruptible`: a hung kernel cell honours SIGINT.
     hang: bool = False
     interruptible: bool = False
+    # How many interrupts (I frames) the kernel was sent.
+    interrupts: int = 0
     running: anyio.Event = field(default_factory=anyio.Event)
     kill_seen: anyio.Event = field(default_factory=anyio.Event)
     destroy_seen: anyio.Event = field(default_factory=anyio.Event)
@@ -159,10 +165,6 @@ class FakeBackend:
         self.calls.append(call)
         if argv[:2] == ["tar", "-c"]:
             return ok(tar_of(self.outputs))
-        if argv[:2] == ["kill", "-INT"]:
-            if self.interruptible and self.kernel is not None:
-                self.kernel.interrupt()
-            return ok()
         if self.gate is not None and argv[0] not in ("test", "find", "touch"):
             await self.gate.wait()
         if self.hang and argv[0] not in ("test", "find", "touch"):

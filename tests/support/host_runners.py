@@ -7,9 +7,9 @@ private /proc and a fresh /tmp: the runners SIGKILL every process of their user 
 started, which on the host would be the machine's; in there it is only theirs. Killing that PID 1 from outside
 ends everything it started, as killing a sandbox does.
 
-What stands in for an engine here: `kill -INT <pid>` (the server's interrupt) is a signal to that PID 1, and
-`kill_all` a SIGKILL to it. A zygote child's own sandbox is made by runners/python_isolation.py except its
-mounts (`STAND_IN_MOUNTS`): the host has no /workspace to mount a tmpfs on (and making one would change the
+What stands in for an engine here: `kill_all` is a SIGKILL to that PID 1 (the server runs nothing else in a
+runner's sandbox: an exec is an error here). A zygote child's own sandbox is made by runners/python_isolation.py
+except its mounts (`STAND_IN_MOUNTS`): the host has no /workspace to mount a tmpfs on (and making one would change the
 host), so the child makes a root of its own with one, as the engine would have. Namespaces, rlimits,
 capabilities and the seccomp filter are the real ones.
 """
@@ -164,10 +164,7 @@ class HostRunners:
         on_output: OutputListener | None = None,
     ) -> ExecResult:
         self.calls.append(list(argv))
-        if list(argv[:2]) != ["kill", "-INT"] or argv[2] != "1":
-            raise AssertionError(f"the server ran {list(argv)} in a runner's sandbox")
-        self._signal_runner(ref, signal.SIGINT)
-        return ExecResult(0, b"", b"")
+        raise AssertionError(f"the server ran {list(argv)} in a runner's sandbox")
 
     async def kill_all(self, ref: SandboxRef) -> None:
         self.killed.append(ref.id)
