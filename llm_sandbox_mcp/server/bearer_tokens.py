@@ -46,6 +46,8 @@ def _refuse(path: Path, problem: str) -> ConfigError:
 def _kubernetes_secret(info: os.stat_result) -> bool:
     """A Secret a kubelet mounted for a pod with `fsGroup`: root's, readable by the server's own group and no one
     else, written by no one but root (`defaultMode: 0400` becomes 0440 with the pod's group)."""
+    if sys.platform == "win32":
+        return False
     mode = stat.S_IMODE(info.st_mode)
     return info.st_uid == 0 != os.geteuid() and info.st_gid == os.getegid() and mode & 0o077 == 0o040
 
