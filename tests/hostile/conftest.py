@@ -1,6 +1,10 @@
 """The hostile tier runs on every real engine, with the engine tier's fixtures, and after every attack proves
 the host unharmed: no process of the sandbox user left on the host, and no growth of the server's memory or
-the host's disk beyond a small margin."""
+the host's disk beyond a small margin.
+
+Under pytest-xdist (scripts/test) the engines whose sandboxes share a cgroup tree on the host run on one worker,
+one test at a time, beside the others: a leftover process is this test's unless its cgroup puts it in the
+sandboxes of another worker's engines (a process that left every sandbox cgroup still counts for every test)."""
 
 from __future__ import annotations
 
@@ -17,24 +21,54 @@ from tests.engines.conftest import backend as backend
 from tests.engines.conftest import engine as engine
 from tests.engines.conftest import executor as executor
 from tests.engines.conftest import kube_double_stopped as kube_double_stopped
-from tests.engines.conftest import pytest_collection_modifyitems as pytest_collection_modifyitems
 from tests.engines.conftest import registry as registry
+from tests.engines.conftest import select_and_group
+
+# Where each engine's sandbox processes are on this host, by a part of their cgroup path (/proc/PID/cgroup): the
+# Kubernetes double runs its pods on the Docker engine, both Podman services under libpod_parent, bubblewrap and
+# NsJail under the llm-sandbox-mcp cgroup of the daemonless backends.
+CGROUP_FAMILIES = {
+    "docker": "/docker/",
+    "kubernetes": "/docker/",
+    "podman": "/libpod",
+    "podman-remote": "/libpod",
+    "docker-remote": "/llm-sandbox-remote-docker/",
+    "bubblewrap": "/llm-sandbox-mcp/",
+    "nsjail": "/llm-sandbox-mcp/",
+}
 
 _MARGIN = 256 * 1024**2
 _SETTLE_SECONDS = 30.0
 
 
-def sandbox_user_processes() -> list[str]:
-    """Live host processes of the sandbox user (every engine runs sandboxes as that uid on this host)."""
+def family_group(item: pytest.Item) -> str | None:
+    """One pytest-xdist group per cgroup family, so host_unharmed can tell this test's processes from the rest."""
+    engine: object = getattr(getattr(item, "callspec", None), "params", {}).get("engine")
+    return CGROUP_FAMILIES.get(engine) if isinstance(engine, str) else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    select_and_group(config, items, family_group)
+
+
+def sandbox_user_processes(engine: str) -> list[str]:
+    """Live host processes of the sandbox user (every engine runs sandboxes as that uid on this host), but for
+    those in the sandboxes of another family of engines than `engine`'s."""
+    others = set(CGROUP_FAMILIES.values()) - {CGROUP_FAMILIES[engine]}
     found: list[str] = []
-    for status in Path("/proc").glob("[0-9]*/status"):
+    for process in Path("/proc").glob("[0-9]*"):
         try:
-            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            status = (process / "status").read_text()
+            cgroup = (process / "cgroup").read_text()
         except OSError:
             continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
         uid = fields.get("Uid", "").split()
-        if uid and int(uid[0]) == Limits().uid and not fields.get("State", "").strip().startswith("Z"):
-            found.append(f"{status.parent.name} {fields.get('Name', '').strip()}")
+        if not uid or int(uid[0]) != Limits().uid or fields.get("State", "").strip().startswith("Z"):
+            continue
+        if not any(other in cgroup for other in others):
+            found.append(f"{process.name} {fields.get('Name', '').strip()}")
     return found
 
 
@@ -46,11 +80,11 @@ def _peak_rss() -> int:
 def host_unharmed(engine: str) -> Iterator[None]:
     """Set up before the sandboxes and torn down after them, so it sees what the attack left behind (processes
     of the sandbox user that other tests left running before this one are not its concern)."""
-    rss, free, before = _peak_rss(), shutil.disk_usage("/").free, set(sandbox_user_processes())
+    rss, free, before = _peak_rss(), shutil.disk_usage("/").free, set(sandbox_user_processes(engine))
     yield
 
     def left() -> list[str]:
-        return [process for process in sandbox_user_processes() if process not in before]
+        return [process for process in sandbox_user_processes(engine) if process not in before]
 
     deadline = time.monotonic() + _SETTLE_SECONDS  # the Kubernetes double removes containers in the background
     while left() and time.monotonic() < deadline:
