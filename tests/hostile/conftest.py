@@ -4,10 +4,12 @@ the host's disk beyond a small margin.
 
 Under pytest-xdist (scripts/test) the engines whose sandboxes share a cgroup tree on the host run on one worker,
 one test at a time, beside the others: a leftover process is this test's unless its cgroup puts it in the
-sandboxes of another worker's engines (a process that left every sandbox cgroup still counts for every test)."""
+sandboxes of another worker's engines, or another worker of this run started it (the daemonless sandboxes' outer
+processes are in no sandbox cgroup); a process that left both still counts for every test."""
 
 from __future__ import annotations
 
+import os
 import resource
 import shutil
 import time
@@ -54,9 +56,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def sandbox_user_processes(engine: str) -> list[str]:
     """Live host processes of the sandbox user (every engine runs sandboxes as that uid on this host), but for
-    those in the sandboxes of another family of engines than `engine`'s."""
+    those in the sandboxes of another family of engines than `engine`'s, and those another worker of this run
+    started (the daemonless sandboxes' outer processes are in no sandbox cgroup)."""
     others = set(CGROUP_FAMILIES.values()) - {CGROUP_FAMILIES[engine]}
-    found: list[str] = []
+    parents: dict[int, int] = {}
+    candidates: list[tuple[int, str]] = []
     for process in Path("/proc").glob("[0-9]*"):
         try:
             status = (process / "status").read_text()
@@ -64,12 +68,30 @@ def sandbox_user_processes(engine: str) -> list[str]:
         except OSError:
             continue
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        parents[int(process.name)] = int(fields.get("PPid", "0").strip() or 0)
         uid = fields.get("Uid", "").split()
         if not uid or int(uid[0]) != Limits().uid or fields.get("State", "").strip().startswith("Z"):
             continue
         if not any(other in cgroup for other in others):
-            found.append(f"{process.name} {fields.get('Name', '').strip()}")
-    return found
+            candidates.append((int(process.name), fields.get("Name", "").strip()))
+    return [f"{pid} {name}" for pid, name in candidates if not _started_beside(pid, parents)]
+
+
+def _started_beside(pid: int, parents: dict[int, int]) -> bool:
+    """Whether another pytest-xdist worker of this run (a child of this worker's parent) started the process.
+    One that left its parent is reparented outside both, and still counts."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return False
+    me, run = os.getpid(), os.getppid()
+    seen: set[int] = set()
+    while pid > 1 and pid not in seen:
+        if pid == me:
+            return False
+        if pid == run:
+            return True
+        seen.add(pid)
+        pid = parents.get(pid, 0)
+    return False
 
 
 def _peak_rss() -> int:
