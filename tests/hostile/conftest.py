@@ -4,8 +4,8 @@ the host's disk beyond a small margin.
 
 Under pytest-xdist (scripts/test) the engines whose sandboxes share a cgroup tree on the host run on one worker,
 one test at a time, beside the others: a leftover process is this test's unless its cgroup puts it in the
-sandboxes of another worker's engines, or another worker of this run started it (the daemonless sandboxes' outer
-processes are in no sandbox cgroup); a process that left both still counts for every test."""
+sandboxes of another worker's engines, or it is in none (as the daemonless sandboxes' outer processes are) and another
+live server started it; a process that left both (reparented to init) still counts for every test."""
 
 from __future__ import annotations
 
@@ -56,11 +56,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def sandbox_user_processes(engine: str) -> list[str]:
     """Live host processes of the sandbox user (every engine runs sandboxes as that uid on this host), but for
-    those in the sandboxes of another family of engines than `engine`'s, and those another worker of this run
-    started (the daemonless sandboxes' outer processes are in no sandbox cgroup)."""
+    those in the sandboxes of another family of engines than `engine`'s, and those in no sandbox cgroup (the
+    daemonless sandboxes' outer processes) that another live server started."""
     others = set(CGROUP_FAMILIES.values()) - {CGROUP_FAMILIES[engine]}
-    parents: dict[int, int] = {}
-    candidates: list[tuple[int, str]] = []
+    families = set(CGROUP_FAMILIES.values())
+    parents: dict[int, tuple[int, int]] = {}  # pid -> (parent, uid)
+    candidates: list[tuple[int, str, bool]] = []  # (pid, name, in a sandbox cgroup)
     for process in Path("/proc").glob("[0-9]*"):
         try:
             status = (process / "status").read_text()
@@ -68,30 +69,32 @@ def sandbox_user_processes(engine: str) -> list[str]:
         except OSError:
             continue
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        parents[int(process.name)] = int(fields.get("PPid", "0").strip() or 0)
         uid = fields.get("Uid", "").split()
-        if not uid or int(uid[0]) != Limits().uid or fields.get("State", "").strip().startswith("Z"):
+        owner = int(uid[0]) if uid else -1
+        parents[int(process.name)] = (int(fields.get("PPid", "0").strip() or 0), owner)
+        if owner != Limits().uid or fields.get("State", "").strip().startswith("Z"):
             continue
         if not any(other in cgroup for other in others):
-            candidates.append((int(process.name), fields.get("Name", "").strip()))
-    return [f"{pid} {name}" for pid, name in candidates if not _started_beside(pid, parents)]
+            name = fields.get("Name", "").strip()
+            candidates.append((int(process.name), name, any(family in cgroup for family in families)))
+    return [f"{pid} {name}" for pid, name, contained in candidates if contained or not _started_elsewhere(pid, parents)]
 
 
-def _started_beside(pid: int, parents: dict[int, int]) -> bool:
-    """Whether another pytest-xdist worker of this run (a child of this worker's parent) started the process.
-    One that left its parent is reparented outside both, and still counts."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        return False
-    me, run = os.getpid(), os.getppid()
-    seen: set[int] = set()
-    while pid > 1 and pid not in seen:
-        if pid == me:
-            return False
-        if pid == run:
-            return True
+def _started_elsewhere(pid: int, parents: dict[int, tuple[int, int]]) -> bool:
+    """Whether another live process than this test's started this one: its first ancestor of another user is not
+    init (an orphan counts), and this test process is none of its ancestors."""
+    sandbox_uid, seen = Limits().uid, set[int]()
+    while pid in parents and parents[pid][1] == sandbox_uid and pid not in seen:
         seen.add(pid)
-        pid = parents.get(pid, 0)
-    return False
+        pid = parents[pid][0]
+    if pid <= 1:
+        return False
+    while pid > 1 and pid not in seen:
+        if pid == os.getpid():
+            return False
+        seen.add(pid)
+        pid = parents.get(pid, (0, -1))[0]
+    return True
 
 
 def _peak_rss() -> int:
