@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import PurePosixPath
 from typing import Any
@@ -282,8 +282,31 @@ class RecordingBackend:
         await self.inner.aclose()
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect (not skip: they were never meant to run) the remote engines' parameters REMOTE_TESTS leaves out."""
+# The modules about one engine whose tests take no `engine` parameter, and the engine they run on.
+_ENGINE_MODULES = {
+    "test_bubblewrap.py": "bubblewrap",  # host-wide /proc looks for one command line, MARKER, across its tests
+    "test_docker.py": "docker",
+    "test_kubernetes.py": "kubernetes",  # one API server double per worker, not one per test
+    "test_nsjail.py": "nsjail",
+    "test_podman.py": "podman",
+}
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """The engine a test runs on, as its pytest-xdist group: with `--dist loadgroup` (scripts/test) each engine's
+    tests run one at a time on one worker while other engines' run beside them, as they did in one process."""
+    params: dict[str, object] = getattr(getattr(item, "callspec", None), "params", {})
+    engine = params.get("engine")
+    if isinstance(engine, str):
+        return engine
+    return _ENGINE_MODULES.get(item.path.name)
+
+
+def select_and_group(
+    config: pytest.Config, items: list[pytest.Item], group: Callable[[pytest.Item], str | None]
+) -> None:
+    """Deselect (not skip: they were never meant to run) the remote engines' parameters REMOTE_TESTS leaves out,
+    and mark the rest with their pytest-xdist group."""
     kept: list[pytest.Item] = []
     dropped: list[pytest.Item] = []
     for item in items:
@@ -292,9 +315,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         test, _, ids = item.nodeid.partition("[")
         selected = test in REMOTE_TESTS and REMOTE_TESTS[test] in ids
         (dropped if remote and not selected else kept).append(item)
+        name = group(item)
+        if name is not None:
+            item.add_marker(pytest.mark.xdist_group(name))
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    select_and_group(config, items, xdist_group)
 
 
 @pytest.fixture(scope="session", autouse=True)

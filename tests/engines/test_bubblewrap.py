@@ -114,8 +114,15 @@ def host_processes(marker: str) -> list[tuple[int, int]]:
     return found
 
 
+def own_marker() -> str:
+    """A `sleep` argument no other test on the host uses (runs in other worktrees and workers use MARKER too)."""
+    return f"{MARKER}{uuid.uuid4().int % 10**9}"
+
+
 def cgroups_of(sandbox_id: str) -> list[Path]:
-    return list(Path("/sys/fs/cgroup").glob(f"**/sandbox-{sandbox_id}"))
+    """A walk, not a glob: other servers on the host make and remove their cgroups meanwhile."""
+    name = f"sandbox-{sandbox_id}"
+    return [Path(root) / name for root, directories, _ in os.walk("/sys/fs/cgroup") if name in directories]
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -207,6 +214,7 @@ async def test_no_host_home_server_directory_or_secrets_are_visible(backend: Hos
 
 
 async def test_a_fork_bomb_is_contained_and_the_sandbox_is_not_host_root(backend: HostSandbox[Any]) -> None:
+    marker = own_marker()
     bomb = """
         import os
         while True:
@@ -216,17 +224,17 @@ async def test_a_fork_bomb_is_contained_and_the_sandbox_is_not_host_root(backend
                 pass
     """
     async with sandbox(backend, pids=64) as ref:
-        started = await backend.exec(ref, ["sh", "-c", f"sleep {MARKER} >/dev/null 2>&1 &"], timeout=10)
+        started = await backend.exec(ref, ["sh", "-c", f"sleep {marker} >/dev/null 2>&1 &"], timeout=10)
         assert started.exit_code == 0
-        await until(lambda: bool(host_processes(MARKER)))
+        await until(lambda: bool(host_processes(marker)))
         # Root on the host is not bound by RLIMIT_NPROC: the sandbox must not be host root.
-        assert all(uid != 0 for _, uid in host_processes(MARKER))
+        assert all(uid != 0 for _, uid in host_processes(marker))
         result = await python(backend, ref, bomb, timeout=5)
         assert result.timed_out
         count = await python(backend, ref, "import os; print(len([p for p in os.listdir('/proc') if p.isdigit()]))")
         assert count.exit_code == 0, count.stderr
         assert int(count.stdout) < 10  # everything of the bomb is gone; PID 1, its sleep, the counter remain
-    assert host_processes(MARKER) == []
+    assert host_processes(marker) == []
 
 
 async def test_the_bomb_never_had_more_processes_than_the_limit(backend: HostSandbox[Any]) -> None:
@@ -302,21 +310,22 @@ async def test_execs_share_files_and_processes_like_a_container(backend: HostSan
 
 
 async def test_kill_all_ends_every_process_and_the_sandbox_stays_usable(backend: HostSandbox[Any]) -> None:
+    marker = own_marker()
     async with sandbox(backend) as ref:
-        process = await backend.start(ref, ["sh", "-c", f"echo warning >&2; sleep {MARKER} & exec cat"])
+        process = await backend.start(ref, ["sh", "-c", f"echo warning >&2; sleep {marker} & exec cat"])
         await backend.exec(ref, ["sh", "-c", "echo kept > /workspace/note"], timeout=10)
-        await until(lambda: bool(host_processes(MARKER)))
+        await until(lambda: bool(host_processes(marker)))
         await backend.kill_all(ref)
         assert await process.receive(10) == b""
         assert process.stderr_tail() == b"warning\n"
         await process.aclose()
-        await until(lambda: not host_processes(MARKER))
+        await until(lambda: not host_processes(marker))
         assert (await backend.exec(ref, ["cat", "/workspace/note"], timeout=10)).stdout == b"kept\n"
 
 
 async def test_a_cancelled_exec_takes_its_processes_with_it(backend: HostSandbox[Any]) -> None:
     """Without a kill of the whole sandbox: the exec's own process tree ends with the host process running it."""
-    marker = f"{MARKER}{uuid.uuid4().int % 10**9}"  # this test's own: other runs on the host use MARKER
+    marker = own_marker()
     async with sandbox(backend) as ref:
         with anyio.move_on_after(30) as scope:
             async with anyio.create_task_group() as tasks:
@@ -330,7 +339,7 @@ async def test_a_cancelled_exec_takes_its_processes_with_it(backend: HostSandbox
 
 async def test_an_exec_cancelled_at_any_point_leaves_no_process(backend: HostSandbox[Any]) -> None:
     """Cancelled while it starts (before the gate opens), while it is confined, or while it runs."""
-    marker = f"{MARKER}{uuid.uuid4().int % 10**9}"
+    marker = own_marker()
     async with sandbox(backend) as ref:
         for delay in (0, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5):
             with anyio.move_on_after(delay):
@@ -340,12 +349,13 @@ async def test_an_exec_cancelled_at_any_point_leaves_no_process(backend: HostSan
 
 
 async def test_destroy_leaves_no_process_cgroup_or_state_behind(backend: HostSandbox[Any]) -> None:
+    marker = own_marker()
     ref = await backend.create(SandboxSpec("host", Limits()))
-    await backend.exec(ref, ["sh", "-c", f"sleep {MARKER} >/dev/null 2>&1 &"], timeout=10)
-    await until(lambda: bool(host_processes(MARKER)))
+    await backend.exec(ref, ["sh", "-c", f"sleep {marker} >/dev/null 2>&1 &"], timeout=10)
+    await until(lambda: bool(host_processes(marker)))
     await backend.destroy(ref)
     await backend.destroy(ref)  # idempotent
-    assert host_processes(MARKER) == []
+    assert host_processes(marker) == []
     assert cgroups_of(ref.id) == []
     assert not (state_root() / "sandboxes" / f"{ref.id}.json").exists()
     with pytest.raises(SandboxFailure, match="gone"):

@@ -10,10 +10,12 @@ import ipaddress
 import json
 import secrets
 import socket
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import anyio
 import pytest
@@ -22,6 +24,7 @@ from llm_sandbox_mcp.egress.policy import EgressPolicy
 from llm_sandbox_mcp.egress.proxy import EgressListener, open_listener
 from llm_sandbox_mcp.egress.relay import RELAY_PORT, Relay, proxy_env, relay_alive, start_relay
 from llm_sandbox_mcp.egress.tunnel import Tunnels
+from llm_sandbox_mcp.file_lock import locked
 from llm_sandbox_mcp.host_rules import HostRule
 from llm_sandbox_mcp.images import run_image
 from llm_sandbox_mcp.models import Limits, SandboxRef, SandboxSpec
@@ -126,9 +129,19 @@ def servers() -> Iterator[tuple[Server, Server]]:
             server.server_close()
 
 
-@pytest.fixture(scope="module")
+# Port 443 and the private name in /etc/hosts are the host's own: tests on other engines (pytest-xdist workers)
+# take turns with them.
+_HOST_WIDE_LOCK = Path(tempfile.gettempdir()) / "llm-sandbox-mcp-tests-port-443.lock"
+
+
+@pytest.fixture
 def tls_server() -> Iterator[list[bytes]]:
     """A server on port 443 of the host's loopback name (as a CDN's address): what each connection sent first."""
+    with locked(_HOST_WIDE_LOCK):
+        yield from _serve_tls()
+
+
+def _serve_tls() -> Iterator[list[bytes]]:
     _, address = loopback_name()
     listening = socket.create_server((address, 443))
     listening.settimeout(0.5)
