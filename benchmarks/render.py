@@ -42,6 +42,10 @@ milliseconds, p50 / p95; "—" where the run did not record the number.
 
 Run one with, e.g., `BACKEND=docker python benchmarks/table.py --runs 10`, then
 `python benchmarks/render.py` to remake this page.
+
+CI's end-to-end tier runs `benchmarks/smoke.py`: on bubblewrap and Docker, back-to-back `print(1)` divided by a
+fork of a warm interpreter, and start-up divided by importing the MCP SDK, both measured in that run; either
+ratio above three times the one in the newest full `table.py` result below fails the run.
 """
 
 SECTIONS: dict[str, tuple[str, str]] = {

@@ -53,6 +53,9 @@ RELAY_WINDOW_BYTES = 1024 * 1024
 CONNECT_SECONDS = 10.0
 # A relay that does not answer a PING within this long is taken for gone.
 PING_SECONDS = 5.0
+# A relay that takes no frame within this long has stopped reading (its code stopped it): the frame is cut,
+# and with it the relay's stream.
+SEND_SECONDS = 15.0
 _CHUNK = MAX_PAYLOAD
 # How long one read of the relay's output waits (in a worker thread) before the reader looks again.
 _RECEIVE_SECONDS = 5.0
@@ -238,9 +241,16 @@ class Tunnel:
         await connection.send_eof()
 
     async def _send(self, kind: int, stream_id: int, payload: bytes = b"") -> None:
-        """One frame to the relay; frames of different streams never interleave. Raises SandboxFailure."""
+        """One frame to the relay; frames of different streams never interleave. Raises SandboxFailure.
+
+        A frame, once begun, is written whole whoever is cancelled meanwhile: a stream closed by the relay while
+        its frame is on its way (a client that drops a download) must not cut the frame, since a cut frame loses
+        the relay's stream and every connection on it. Only SEND_SECONDS, or the tunnel's close, ends it."""
         async with self._send_lock:
-            await self._process.send(HEADER.pack(kind, stream_id, len(payload)) + payload)
+            with anyio.CancelScope(shield=True), anyio.move_on_after(SEND_SECONDS) as bound:
+                await self._process.send(HEADER.pack(kind, stream_id, len(payload)) + payload)
+            if bound.cancelled_caught:
+                raise SandboxFailure(f"the egress relay of {self._label} stopped taking frames")
 
 
 class Tunnels(TaskOwner):

@@ -61,6 +61,10 @@ class FakeRelay:
         self.gone = False
         self.closed = False
         self.answers = True
+        # How long a send takes (the real ones write from a worker thread); one cancelled meanwhile has written
+        # part of a frame, so the real process is shut with it, and so is this one (`torn`).
+        self.send_seconds = 0.0
+        self.torn = False
 
     async def write(self, data: bytes) -> None:
         await self._writer.send(data)
@@ -71,6 +75,12 @@ class FakeRelay:
     async def send(self, data: bytes) -> None:
         if self.gone:
             raise SandboxFailure("The sandbox process is gone")
+        if self.send_seconds:
+            try:
+                await anyio.sleep(self.send_seconds)
+            except anyio.get_cancelled_exc_class():
+                self.torn = self.gone = True
+                raise
         if data == frame(PING, 0) and self.answers:
             self._writer.send_nowait(data)
         self.received += data
@@ -275,6 +285,20 @@ async def test_what_the_proxy_takes_is_granted_back() -> None:
     async with tunnel() as (relay, _, _):
         await relay.write(frame(OPEN, 1) + frame(DATA, 1, b"a" * 1000) + frame(DATA, 1, b"b" * 500))
         await until(lambda: relay.granted(1) == 1500)
+
+
+async def test_a_stream_the_relay_closes_mid_send_never_cuts_the_frame_nor_the_other_streams() -> None:
+    """A client in the sandbox that drops a download (a response it does not read, closed with a reset) makes
+    the relay send CLOSE while a frame of that stream is on its way: the frame is written whole, and the next
+    connection goes through (a cut frame lost the relay, and a request just accepted with it)."""
+    async with tunnel() as (relay, opened, proxy):
+        relay.send_seconds = 0.05
+        await relay.write(frame(OPEN, 1) + frame(DATA, 1, b"big"))
+        await until(lambda: relay.data_to(1) > 0)
+        await relay.write(frame(CLOSE, 1))
+        await until(lambda: proxy.open == 0)
+        await sync(relay, 2)
+        assert not relay.torn and not opened.ended.is_set()
 
 
 async def sync(relay: FakeRelay, stream_id: int) -> None:
