@@ -1,4 +1,4 @@
-# The Python zygote: the template process of run/zygote/templates.py, run inside a bubblewrap sandbox as
+# The Python zygote: the template process of run/zygote/templates.py, run inside a bubblewrap or NsJail sandbox as
 # `python3 -c <this file> <python_kernel.py source> <python_isolation.py source> <config JSON>`. It pays the
 # interpreter start and the kernel's imports once, then forks one child per call. It never runs user code and
 # never reads anything a child writes: the server sends it, on the control socket (a SOCK_SEQPACKET

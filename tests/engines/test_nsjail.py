@@ -24,10 +24,10 @@ from llm_sandbox_mcp.backends import _nsjail
 from llm_sandbox_mcp.backends._nsjail import NsjailBackend
 from llm_sandbox_mcp.backends._nsjail.argv import exec_argv, holder_argv
 from llm_sandbox_mcp.backends._nsjail.host import Nsjail, find_nsjail
-from llm_sandbox_mcp.backends._nsjail.policy import kafel_policy
+from llm_sandbox_mcp.backends._nsjail.policy import kafel_policy, template_policy
 from llm_sandbox_mcp.errors import BackendUnavailable
 from llm_sandbox_mcp.models import WORKDIR, CacheMount, Limits, SandboxSpec
-from llm_sandbox_mcp.seccomp.policy import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, DENIED, SYSCALLS
+from llm_sandbox_mcp.seccomp.policy import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, DENIED, SYSCALLS, TEMPLATE_PERMITS
 from tests.engines.conftest import require
 from tests.engines.test_bubblewrap import MARKER, host_processes, nsjail_binary, python, sandbox, until
 
@@ -117,6 +117,21 @@ def test_the_kafel_policy_names_every_denied_call_by_number() -> None:
     assert policy.rstrip().endswith("DEFAULT ALLOW")
 
 
+@pytest.mark.skipif(ARCH is None, reason="the policy covers x86_64 and aarch64")
+def test_a_zygote_templates_policy_lets_through_only_what_its_children_need() -> None:
+    # Each child stacks the whole bubblewrap filter before any user code (tests/engines/test_zygote.py proves it
+    # from inside); the template's own exec is let through unshare, mount and sethostname, nothing else.
+    assert ARCH is not None
+    policy, table = template_policy(ARCH), SYSCALLS[ARCH]
+    for name in DENIED:
+        if name in table:
+            assert (f"SYSCALL[{table[name]}]" in policy) is (name not in TEMPLATE_PERMITS), name
+    assert f"SYSCALL[{table['clone']}](flags)" in policy and f"SYSCALL[{table['unshare']}]" not in policy
+    argv = exec_argv(FAKE, "/usr/bin/nsenter", 4242, Limits(), ["python3"], env={}, workdir=WORKDIR, policy=policy,
+                     as_root=True, pass_fds=(7,))  # fmt: skip
+    assert argv[argv.index("--pass_fd") + 1] == "7"  # nsjail closes every other descriptor
+
+
 def test_the_holder_has_every_namespace_sized_tmpfs_and_dies_with_the_server(tmp_path: Path) -> None:
     limits = Limits()
     spec = SandboxSpec("python", limits, CacheMount("key", writable=False))
@@ -133,6 +148,12 @@ def test_the_holder_has_every_namespace_sized_tmpfs_and_dies_with_the_server(tmp
     networked = holder_argv(FAKE, replace(spec, limits=replace(limits, network_mode="host")), files={},
                             cache_dir=None, policy="P", as_root=True)  # fmt: skip
     assert "--disable_clone_newnet" in networked and "/etc/resolv.conf" in networked
+    # A zygote template's holder leaves /proc unmasked (each child mounts its own and masks it again, which a
+    # masked one would forbid) and gives each child a mount point for a devpts instance of its own.
+    forking = holder_argv(FAKE, replace(spec, forks=True), files={}, cache_dir=None, policy="P", as_root=True)
+    masks = [arg for arg in argv if ":/proc/" in arg]
+    assert masks and not [arg for arg in forking if ":/proc/" in arg]
+    assert "none:/dev/pts:devpts:newinstance,ptmxmode=0000,mode=0600" in forking and "pts/ptmx:/dev/ptmx" in forking
 
 
 def test_an_exec_enters_the_holder_and_nsjail_adds_the_policy_and_a_clean_environment() -> None:

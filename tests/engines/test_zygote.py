@@ -1,5 +1,5 @@
-"""Python calls forked from a zygote template (SANDBOX_ZYGOTE) on bubblewrap, probed from inside the child and
-from the host: each call starts clean, is as contained as a pooled sandbox, and its limits and kills hold.
+"""Python calls forked from a zygote template (SANDBOX_ZYGOTE) on bubblewrap and NsJail, probed from inside the
+child and from the host: each call starts clean, is as contained as a pooled sandbox, and its limits and kills hold.
 
 A call served by a child shows it: its runner is PID 1 of a PID namespace of its own, so the program's parent
 is PID 1 (in a pooled sandbox PID 1 is the holder's shell and the kernel is the parent).
@@ -19,6 +19,7 @@ import pytest
 from llm_sandbox_mcp.backends import _bubblewrap, load_backend
 from llm_sandbox_mcp.backends._bubblewrap import BubblewrapBackend
 from llm_sandbox_mcp.backends._daemonless.host import state_root
+from llm_sandbox_mcp.backends._nsjail import NsjailBackend
 from llm_sandbox_mcp.languages import get_language
 from llm_sandbox_mcp.models import Execution, Limits, Live, SandboxSpec
 from llm_sandbox_mcp.run.executor import Executor, Program
@@ -30,7 +31,10 @@ from tests.engines import test_contract as contract
 from tests.engines.conftest import engine_settings, require
 from tests.engines.test_bubblewrap import MARKER, dead_owner, host_processes, until
 
-pytestmark = [pytest.mark.anyio, pytest.mark.bubblewrap]
+pytestmark = [pytest.mark.anyio]
+
+# The engines whose templates are a process in a sandbox of theirs (a `TemplateHost`).
+TEMPLATE_HOSTS = ("bubblewrap", "nsjail")
 
 PROBE = """
 import ctypes, json, os, socket
@@ -41,12 +45,18 @@ status = dict(line.split(":\\t", 1) for line in open("/proc/self/status").read()
 """
 
 
+@pytest.fixture(params=[pytest.param(name, marks=getattr(pytest.mark, name)) for name in TEMPLATE_HOSTS])
+def engine(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
 @asynccontextmanager
-async def zygote_executor(request: pytest.FixtureRequest, ahead: int) -> AsyncGenerator[Executor]:
-    """An executor whose Python calls run in zygote children, `ahead` of them forked before their call."""
-    await require(request, "bubblewrap")
-    settings = engine_settings("bubblewrap", sandbox_zygote=True, sandbox_max_concurrency=4, sandbox_pool_size=ahead)
-    backend = load_backend("bubblewrap", settings)
+async def zygote_executor(request: pytest.FixtureRequest, ahead: int, engine: str) -> AsyncGenerator[Executor]:
+    """An executor on `engine` whose Python calls run in zygote children, `ahead` of them forked before their call."""
+    await require(request, engine)
+    settings = engine_settings(engine, sandbox_zygote=True, sandbox_max_concurrency=4, sandbox_pool_size=ahead)
+    backend = load_backend(engine, settings)
     try:
         async with Executor(settings, backend) as executor:
             yield executor
@@ -57,10 +67,24 @@ async def zygote_executor(request: pytest.FixtureRequest, ahead: int) -> AsyncGe
         await backend.aclose()
 
 
-# Children forked when a call comes, and forked ahead (SANDBOX_POOL_SIZE) and waiting for their call.
-@pytest.fixture(params=[0, 2], ids=["on-demand", "forked-ahead"])
-async def executor(request: pytest.FixtureRequest) -> AsyncIterator[Executor]:
-    async with zygote_executor(request, request.param) as executor:
+# Children forked when a call comes, and forked ahead (SANDBOX_POOL_SIZE) and waiting for their call. Which of
+# the two is the server's own code, the same on every engine: NsJail, whose children differ only in the jail
+# around their template, runs forked ahead only (what a call meets by default), which halves its minutes.
+EXECUTORS = [
+    pytest.param("bubblewrap", 0, marks=pytest.mark.bubblewrap, id="on-demand-bubblewrap"),
+    pytest.param("bubblewrap", 2, marks=pytest.mark.bubblewrap, id="forked-ahead-bubblewrap"),
+    pytest.param("nsjail", 2, marks=pytest.mark.nsjail, id="forked-ahead-nsjail"),
+]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "ahead" in metafunc.fixturenames:
+        metafunc.parametrize(("engine", "ahead"), EXECUTORS)
+
+
+@pytest.fixture
+async def executor(request: pytest.FixtureRequest, engine: str, ahead: int) -> AsyncIterator[Executor]:
+    async with zygote_executor(request, ahead, engine) as executor:
         yield executor
 
 
@@ -296,8 +320,13 @@ async def test_limits_and_kills_hold_per_call(executor: Executor) -> None:
 async def test_a_host_where_children_cannot_be_made_uses_the_pool(
     executor: Executor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A template whose children cannot make namespaces, as on a host without nested user namespaces.
-    monkeypatch.setattr(_bubblewrap, "TEMPLATE_FILTER", FILTER)
+    # A template whose children cannot make namespaces, as on a host without nested user namespaces: its
+    # policy is the one every exec gets.
+    backend = executor.backend
+    if isinstance(backend, NsjailBackend):
+        monkeypatch.setattr(backend, "_template_policy", backend._policy)  # pyright: ignore[reportPrivateUsage]
+    else:
+        monkeypatch.setattr(_bubblewrap, "TEMPLATE_FILTER", FILTER)
     result = await executor.execute("import os\nprint(os.getppid() == 1)")
     assert result.exit_code == 0 and result.stdout == "False\n", result.stderr
     [reason] = executor.zygote.policy.unavailable.values()
@@ -308,10 +337,10 @@ async def test_a_host_where_children_cannot_be_made_uses_the_pool(
 
 
 async def test_children_kept_ready_under_load_go_back_to_the_pool_size_when_idle(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, engine: str
 ) -> None:
     monkeypatch.setattr(zygote_templates, "IDLE_SECONDS", 1.0)
-    async with zygote_executor(request, 1) as executor:
+    async with zygote_executor(request, 1, engine) as executor:
         async with anyio.create_task_group() as calls:
             for _ in range(4):  # one finds the child forked ahead, the others none: more are kept ready
                 calls.start_soon(forked, executor, "import time\ntime.sleep(1)\n")
@@ -323,9 +352,12 @@ async def test_children_kept_ready_under_load_go_back_to_the_pool_size_when_idle
         assert (await forked(executor, "print(1)")).stdout == "1\n"
 
 
-async def test_sweep_removes_the_cgroups_of_a_dead_servers_children(request: pytest.FixtureRequest) -> None:
-    await require(request, "bubblewrap")
-    server, after_restart = BubblewrapBackend(None), BubblewrapBackend(None)
+async def test_sweep_removes_the_cgroups_of_a_dead_servers_children(
+    request: pytest.FixtureRequest, engine: str
+) -> None:
+    await require(request, engine)
+    kind = NsjailBackend if engine == "nsjail" else BubblewrapBackend
+    server, after_restart = kind(None), kind(None)
     try:
         ref = await server.create(SandboxSpec("host", Limits()))
         children = [await server.child_cgroup(ref) for _ in range(2)]

@@ -1,5 +1,5 @@
 """The hostile tier's attacks on one-shot Python calls, against zygote children (SANDBOX_ZYGOTE): on bubblewrap
-children of a template, on Docker and Podman children of template containers that serve the calls that
+and NsJail children of a template, on Docker and Podman children of template containers that serve the calls that
 follow. A child must hold as a pooled sandbox does, and leave the host as unharmed (`host_unharmed`)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from llm_sandbox_mcp.run.executor import Executor
-from tests.engines.test_zygote import zygote_executor
+from tests.engines.test_zygote import TEMPLATE_HOSTS, zygote_executor
 from tests.engines.test_zygote_containers import container_executor
 from tests.hostile import test_bombs_and_escapes as bombs
 from tests.hostile import test_boundary as boundary
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.anyio]
 @pytest.fixture(
     params=[
         pytest.param(name, marks=getattr(pytest.mark, name))
-        for name in ("bubblewrap", "docker", "podman", "podman-remote")
+        for name in (*TEMPLATE_HOSTS, "docker", "podman", "podman-remote")
     ]
 )
 def engine(request: pytest.FixtureRequest) -> str:
@@ -34,8 +34,8 @@ def engine(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 async def executor(request: pytest.FixtureRequest, engine: str) -> AsyncIterator[Executor]:
-    if engine == "bubblewrap":
-        async with zygote_executor(request, ahead=2) as executor:
+    if engine in TEMPLATE_HOSTS:
+        async with zygote_executor(request, 2, engine) as executor:
             yield executor
         return
     async with container_executor(request, engine, pool_size=1) as executor:

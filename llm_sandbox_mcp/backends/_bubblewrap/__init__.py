@@ -2,8 +2,8 @@
 
 Shape (see `argv`): one long-lived *holder* bwrap per sandbox owns its namespaces and its size-limited
 tmpfs /workspace and /tmp; each exec enters it with nsenter and runs in a hardened inner bwrap. The holder,
-cgroups, rlimits, kill and sweep are shared with NsJail (`_daemonless`); what is bubblewrap's own is here:
-finding bwrap, its holder and per-exec command lines, its seccomp filter, and zygote templates.
+cgroups, rlimits, kill, sweep and zygote templates are shared with NsJail (`_daemonless`); what is bubblewrap's
+own is here: finding bwrap, its holder, per-exec and template command lines, and its seccomp filters.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -23,10 +22,7 @@ from anyio.abc import Process
 from llm_sandbox_mcp.backends._bubblewrap.argv import exec_argv, holder_argv, probe_argv
 from llm_sandbox_mcp.backends._bubblewrap.host import Bwrap, find_bwrap
 from llm_sandbox_mcp.backends._daemonless.argv import generated_files, host_env
-from llm_sandbox_mcp.backends._daemonless.cgroup import Cgroup
-from llm_sandbox_mcp.backends._daemonless.pipes import PipeProcess
 from llm_sandbox_mcp.backends._daemonless.sandbox import (
-    CALL_CGROUP_PREFIX,
     HostInfo,
     HostSandbox,
     Sandbox,
@@ -35,7 +31,7 @@ from llm_sandbox_mcp.backends._daemonless.sandbox import (
 from llm_sandbox_mcp.backends._userns import refused, userns_refused
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, SandboxFailure
-from llm_sandbox_mcp.models import WORKDIR, SandboxRef, SandboxSpec
+from llm_sandbox_mcp.models import WORKDIR, SandboxSpec
 from llm_sandbox_mcp.seccomp.bpf import FILTER, TEMPLATE_FILTER
 
 _START_SECONDS = 30.0
@@ -111,53 +107,16 @@ class BubblewrapBackend(HostSandbox[Bwrap]):
         )  # fmt: skip
         return command, (seccomp,)
 
-    # -- zygote templates (see llm_sandbox_mcp.run.zygote) ------------------------------------------------------
-
-    async def start_template(
-        self, ref: SandboxRef, argv: Sequence[str], env: Mapping[str, str], control_fd: int, calls: int
-    ) -> PipeProcess:
-        """A zygote's template process: an exec whose bwrap leaves it able to make one user namespace per child
-        (no --disable-userns; `TEMPLATE_FILTER`), handed `control_fd` (same number; the caller closes it). Its
-        RLIMIT_NPROC leaves room for `calls` children at their own limit (a nested user namespace counts against
-        its parents)."""
-        box = self._box(ref)
-        host = await self._host()
-        if not host.nproc_per_userns:
-            raise SandboxFailure("zygote children need Linux 5.14 or newer (RLIMIT_NPROC per user namespace)")
+    def _template_command(
+        self, host: HostInfo[Bwrap], box: Sandbox, argv: Sequence[str], env: Mapping[str, str], control_fd: int
+    ) -> tuple[list[str], tuple[int, ...]]:
+        # bwrap passes on every descriptor it inherits: `control_fd` needs no mention here.
         seccomp = _memfd("seccomp", TEMPLATE_FILTER)
         command = exec_argv(
             host.jail, host.nsenter, box.holder_pid, box.spec.limits, argv, env=env, workdir=WORKDIR,
             seccomp_fd=seccomp, as_root=host.root, template=True,
         )  # fmt: skip
-        nproc = box.spec.limits.pids * (calls + 1)
-        process = await self._launch(host, box, command, (seccomp,), None, nproc=nproc, keep=(control_fd,))
-        return PipeProcess(process)
-
-    async def child_cgroup(self, ref: SandboxRef) -> Cgroup:
-        """A new cgroup with the sandbox's limits, for one child of its template (the caller removes it)."""
-        box = self._box(ref)
-        host = await self._host()
-        # Named after the template's sandbox, so a sweep after a crash finds them by its record.
-        name = f"{CALL_CGROUP_PREFIX}{box.id}-{uuid.uuid4().hex[:16]}"
-        cgroup = await anyio.to_thread.run_sync(host.cgroups.create, name, box.spec.limits)
-        if cgroup is None:
-            raise SandboxFailure(f"bubblewrap could not make a call's cgroup: {host.cgroups.problem}")
-        return cgroup
-
-    async def confine_child(self, ref: SandboxRef, pid: int, cgroup: Cgroup) -> None:
-        """Move the template's child at host pid `pid` (only a process in the template's cgroup qualifies) into
-        `cgroup`. The child sets its own rlimits (lowering them needs no privilege; setting another user's from
-        here needs CAP_SYS_RESOURCE, which containers often lack)."""
-        box = self._box(ref)
-        await anyio.to_thread.run_sync(self._confine_child, box, pid, cgroup)
-
-    def _confine_child(self, box: Sandbox, pid: int, cgroup: Cgroup) -> None:
-        if pid not in box.cgroup.pids():
-            raise SandboxFailure(f"process {pid} is not a child of the sandbox's template")
-        try:
-            cgroup.place(pid)
-        except OSError as exc:
-            raise SandboxFailure(f"Could not move a zygote child into its cgroup: {exc}") from exc
+        return command, (seccomp,)
 
 
 def _run_as(root: bool, uid: int, gid: int) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """What the daemonless engines (bubblewrap, NsJail) share: a sandbox as namespaces on this host, held open by a
 *holder* process per sandbox and entered by each exec, its cgroup (pids, memory, cpu) and rlimits, the kill from
-outside through the cgroup, the state records and the sweep of what a dead server left.
+outside through the cgroup, the state records and the sweep of what a dead server left, and zygote templates
+(a template process per sandbox kind whose children the host moves into cgroups of their own).
 
 `HostSandbox` is the base class; each engine supplies what differs per jail program (finding it, probing it,
 starting the holder, the per-exec command line). As root the sandbox runs as the unprivileged SANDBOX_USER on
@@ -191,7 +192,7 @@ class HostSandbox(Generic[J]):
         cache_dir = await anyio.to_thread.run_sync(self._cache_dir, host, spec) if spec.cache else None
         cgroup = await anyio.to_thread.run_sync(host.cgroups.create, f"sandbox-{sandbox_id}", limits)
         if cgroup is None:
-            raise SandboxFailure(f"bubblewrap could not make the sandbox's cgroup: {host.cgroups.problem}")
+            raise SandboxFailure(f"{self.name} could not make the sandbox's cgroup: {host.cgroups.problem}")
         state_file = host.state / "sandboxes" / f"{sandbox_id}.json"
         record = {"labels": _owner.owner_labels(), "cgroups": [str(d) for d in cgroup.dirs]}
         await anyio.Path(state_file).write_text(json.dumps(record))
@@ -434,6 +435,58 @@ class HostSandbox(Generic[J]):
             state_file.unlink(missing_ok=True)
             swept += 1
         return swept
+
+    # -- zygote templates (see llm_sandbox_mcp.run.zygote): both jails are a `TemplateHost` ------------------
+
+    def _template_command(
+        self, host: HostInfo[J], box: Sandbox, argv: Sequence[str], env: Mapping[str, str], control_fd: int
+    ) -> tuple[list[str], tuple[int, ...]]:
+        """The gated command line of a zygote's template process, and the descriptors it is passed (closed here
+        once it started): an exec as `_exec_command`'s, but whose jail leaves it able to make one user namespace
+        per child (its seccomp policy lets unshare, mount and sethostname through: `TEMPLATE_PERMITS`), with
+        `control_fd` left open under its own number."""
+        raise NotImplementedError
+
+    async def start_template(
+        self, ref: SandboxRef, argv: Sequence[str], env: Mapping[str, str], control_fd: int, calls: int
+    ) -> PipeProcess:
+        """A zygote's template process (`_template_command`), handed `control_fd` (same number; the caller closes
+        it). Its RLIMIT_NPROC leaves room for `calls` children at their own limit (a nested user namespace counts
+        against its parents)."""
+        box = self._box(ref)
+        host = await self._host()
+        if not host.nproc_per_userns:
+            raise SandboxFailure("zygote children need Linux 5.14 or newer (RLIMIT_NPROC per user namespace)")
+        command, fds = self._template_command(host, box, argv, env, control_fd)
+        nproc = box.spec.limits.pids * (calls + 1)
+        process = await self._launch(host, box, command, fds, None, nproc=nproc, keep=(control_fd,))
+        return PipeProcess(process)
+
+    async def child_cgroup(self, ref: SandboxRef) -> Cgroup:
+        """A new cgroup with the sandbox's limits, for one child of its template (the caller removes it)."""
+        box = self._box(ref)
+        host = await self._host()
+        # Named after the template's sandbox, so a sweep after a crash finds them by its record.
+        name = f"{CALL_CGROUP_PREFIX}{box.id}-{uuid.uuid4().hex[:16]}"
+        cgroup = await anyio.to_thread.run_sync(host.cgroups.create, name, box.spec.limits)
+        if cgroup is None:
+            raise SandboxFailure(f"{self.name} could not make a call's cgroup: {host.cgroups.problem}")
+        return cgroup
+
+    async def confine_child(self, ref: SandboxRef, pid: int, cgroup: Cgroup) -> None:
+        """Move the template's child at host pid `pid` (only a process in the template's cgroup qualifies) into
+        `cgroup`. The child sets its own rlimits (lowering them needs no privilege; setting another user's from
+        here needs CAP_SYS_RESOURCE, which containers often lack)."""
+        box = self._box(ref)
+        await anyio.to_thread.run_sync(self._confine_child, box, pid, cgroup)
+
+    def _confine_child(self, box: Sandbox, pid: int, cgroup: Cgroup) -> None:
+        if pid not in box.cgroup.pids():
+            raise SandboxFailure(f"process {pid} is not a child of the sandbox's template")
+        try:
+            cgroup.place(pid)
+        except OSError as exc:
+            raise SandboxFailure(f"Could not move a zygote child into its cgroup: {exc}") from exc
 
     def missing_runtime(self, executable: str) -> str | None:
         """Why a language cannot run here: the host lacks its runtime (this backend uses the host's)."""

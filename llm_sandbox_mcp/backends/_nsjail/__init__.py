@@ -3,7 +3,9 @@
 One holder nsjail per sandbox owns its namespaces and size-limited tmpfs /workspace and /tmp; each exec enters
 it with nsenter and runs a hardening `nsjail -Me` there (see `argv`). The cgroup per sandbox (pids, memory
 without swap, cpu; v1 or v2), the rlimits, the kill from outside and the sweep are shared with bubblewrap
-through `_daemonless.sandbox.HostSandbox`; the seccomp policy is the project's one, rendered in Kafel (see `policy`).
+through `_daemonless.sandbox.HostSandbox`, and so are zygote templates (a template's exec differs only in its
+policy and the control socket nsjail must be told to keep); the seccomp policy is the project's one, rendered in
+Kafel (see `policy`).
 """
 
 from __future__ import annotations
@@ -27,11 +29,11 @@ from llm_sandbox_mcp.backends._daemonless.host import HOST_PATH
 from llm_sandbox_mcp.backends._daemonless.sandbox import HostInfo, HostSandbox, Sandbox, holder_error
 from llm_sandbox_mcp.backends._nsjail.argv import SETPRIV, exec_argv, holder_argv, probe_argv
 from llm_sandbox_mcp.backends._nsjail.host import Nsjail, find_nsjail
-from llm_sandbox_mcp.backends._nsjail.policy import kafel_policy, native_arch, x32_enabled
+from llm_sandbox_mcp.backends._nsjail.policy import kafel_policy, native_arch, template_policy, x32_enabled
 from llm_sandbox_mcp.backends._userns import refused, userns_refused
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import BackendUnavailable, SandboxFailure
-from llm_sandbox_mcp.models import Limits, SandboxSpec
+from llm_sandbox_mcp.models import WORKDIR, Limits, SandboxSpec
 
 _START_SECONDS = 30.0
 # "[W][2026-01-01T00:00:00+0000][42] runChild():511 " before each of its log lines.
@@ -68,6 +70,7 @@ class NsjailBackend(HostSandbox[Nsjail]):
         super().__init__(nsjail_path, probe_uid, probe_gid)
         arch = native_arch()
         self._policy = kafel_policy(arch) if arch is not None else None
+        self._template_policy = template_policy(arch) if arch is not None else None
 
     def _find_jail(self, state: Path, root: bool) -> Nsjail:
         if self._policy is None:
@@ -147,6 +150,16 @@ class NsjailBackend(HostSandbox[Nsjail]):
         command = exec_argv(
             host.jail, host.nsenter, box.holder_pid, box.spec.limits, argv, env=env, workdir=workdir,
             policy=self._policy, as_root=host.root,
+        )  # fmt: skip
+        return command, ()
+
+    def _template_command(
+        self, host: HostInfo[Nsjail], box: Sandbox, argv: Sequence[str], env: Mapping[str, str], control_fd: int
+    ) -> tuple[list[str], tuple[int, ...]]:
+        assert self._template_policy is not None
+        command = exec_argv(
+            host.jail, host.nsenter, box.holder_pid, box.spec.limits, argv, env=env, workdir=WORKDIR,
+            policy=self._template_policy, as_root=host.root, pass_fds=(control_fd,),
         )  # fmt: skip
         return command, ()
 

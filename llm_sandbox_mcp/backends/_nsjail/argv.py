@@ -88,7 +88,14 @@ def holder_argv(
         argv += ["-B" if spec.cache.writable else "-R", f"{cache_dir}:{spec.cache.target}"]
     # procfs writable for the per-exec nsjail's uid map of its nested user namespace (as bwrap's --proc), mounted
     # here rather than by nsjail's own --proc so that what the container engines hide of it is hidden after it.
-    argv += ["--disable_proc", "-m", "none:/proc:proc:rw", *_proc_masks()]
+    argv += ["--disable_proc", "-m", "none:/proc:proc:rw"]
+    if spec.forks:
+        # A zygote template's children mount a /proc of their own, which masks here would forbid (the kernel
+        # mounts procfs only where one is fully visible); each child masks its own again (`mask`). They also
+        # mount a devpts instance of their own, as bubblewrap's children do: its mount point and ptmx link.
+        argv += ["-m", "none:/dev/pts:devpts:newinstance,ptmxmode=0000,mode=0600", "-s", "pts/ptmx:/dev/ptmx"]
+    else:
+        argv += _proc_masks()
     argv += ["--cwd", "/", "--seccomp_string", policy, "--", *HOLDER_COMMAND]
     return argv
 
@@ -117,9 +124,16 @@ def exec_argv(
     workdir: PurePosixPath,
     policy: str,
     as_root: bool,
+    pass_fds: Sequence[int] = (),
 ) -> list[str]:
-    """sh (the gate) -> nsenter into the holder -> nsjail -Me (hardening) -> argv. Rlimits come from the gate."""
+    """sh (the gate) -> nsenter into the holder -> nsjail -Me (hardening) -> argv. Rlimits come from the gate.
+
+    nsjail closes every descriptor but 0, 1, 2 and `pass_fds` (a zygote template's control socket) before the
+    command. A template's `policy` is `template_policy`: nsjail -Me never stops a nested user namespace, so the
+    policy alone decides whether the command may make one."""
     inner = [nsjail.inner_path, "-Me", "-Q", *_NO_NEW_NAMESPACES, "--disable_proc", "--disable_rlimits"]
+    for fd in pass_fds:
+        inner += ["--pass_fd", str(fd)]
     inner += ["-u", f"{limits.uid}:{limits.uid}:1", "-g", f"{limits.gid}:{limits.gid}:1", "--nice_level", "0"]
     inner += ["--cwd", str(workdir)]
     for key, value in {"PATH": SANDBOX_PATH, **env}.items():

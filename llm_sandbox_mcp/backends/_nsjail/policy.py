@@ -22,6 +22,7 @@ from llm_sandbox_mcp.seccomp.policy import (
     PERSONALITY_ALLOWED,
     SOCKET_FAMILIES_DENIED,
     SYSCALLS,
+    TEMPLATE_PERMITS,
 )
 
 _ARCHES = {"x86_64": AUDIT_ARCH_X86_64, "aarch64": AUDIT_ARCH_AARCH64}
@@ -33,11 +34,14 @@ def native_arch() -> int | None:
     return _ARCHES.get(platform.machine())
 
 
-def kafel_policy(arch: int) -> str:
-    """One Kafel policy, allow by default, with the same answers as the bubblewrap filter on `arch`."""
+def kafel_policy(arch: int, permit: frozenset[str] = frozenset()) -> str:
+    """One Kafel policy, allow by default, with the same answers as the bubblewrap filter on `arch`. `permit`:
+    calls of the policy let through (a flag-checked call then takes any flags), for zygote templates only
+    (`TEMPLATE_PERMITS`, as the bubblewrap template's filter)."""
     table = SYSCALLS[arch]
-    eperm = [f"SYSCALL[{table[name]}]" for name in DENIED if name in table]
-    eperm += [f"SYSCALL[{table[name]}](flags) {{ (flags & {NAMESPACE_MASK:#x}) != 0 }}" for name in FLAG_CHECKED]
+    eperm = [f"SYSCALL[{table[name]}]" for name in DENIED if name in table and name not in permit]
+    checked = [name for name in FLAG_CHECKED if name not in permit]
+    eperm += [f"SYSCALL[{table[name]}](flags) {{ (flags & {NAMESPACE_MASK:#x}) != 0 }}" for name in checked]
     # personality takes an unsigned int: any high bit is denied too, as the filter does.
     allowed = " && ".join(f"persona != {value:#x}" for value in PERSONALITY_ALLOWED)
     eperm.append(f"SYSCALL[{table['personality']}](persona) {{ {allowed} }}")
@@ -51,6 +55,13 @@ def kafel_policy(arch: int) -> str:
         f"  ERRNO({errno.ENOSYS}) {{ " + ", ".join(enosys) + " }\n"
         "}\nUSE llm_sandbox_mcp DEFAULT ALLOW\n"
     )
+
+
+def template_policy(arch: int) -> str:
+    """The Kafel policy of a zygote's template process: it may unshare, mount and set a host name to make each
+    call's sandbox, whose child then stacks the whole policy (the bubblewrap filter, which also kills x32 calls)
+    before any user code runs."""
+    return kafel_policy(arch, TEMPLATE_PERMITS)
 
 
 def x32_enabled() -> bool:

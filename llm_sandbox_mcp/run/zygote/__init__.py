@@ -1,7 +1,7 @@
 """SANDBOX_ZYGOTE: Python one-shot calls in fresh sandboxes at the cost of a fork, in one of two flavours.
 
 `policy` answers, the same way for every engine, whether a call forks and on which flavour (the backend's
-declared capability). `templates` is the template flavour (bubblewrap: a template process forks each call a
+declared capability). `templates` is the template flavour (bubblewrap, NsJail: a template process forks each call a
 child the host confines); `containers` the container flavour (Docker, Podman: a pooled template container
 whose kernel forks each call a sandbox of its own). Either lends the call's sandbox as a lease, which runs
 through the executor's one run like every other (`run.leases`).

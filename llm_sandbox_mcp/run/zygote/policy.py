@@ -1,6 +1,6 @@
 """Which one-shot calls fork their sandboxes, and on which flavour of zygote: one answer for every engine.
 
-The flavour is a capability the backend declares, never its name: a `TemplateHost` (bubblewrap) forks each
+The flavour is a capability the backend declares, never its name: a `TemplateHost` (bubblewrap, NsJail) forks each
 call from a template process and confines the child from the host; `TemplateContainers` (Docker, Podman) lend
 a template container whose kernel forks each call a sandbox of its own. Only Python one-shot calls fork, and
 only without a writable library cache or egress (and, in template containers, only with a read-only root); a
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 class Flavour(Enum):
     """Where a forked call's sandbox is made."""
 
-    TEMPLATE = "a template's child"  # bubblewrap: runners/python_zygote.py forks it, the host confines it
+    TEMPLATE = "a template's child"  # bubblewrap, NsJail: runners/python_zygote.py forks it, the host confines it
     CONTAINER = "a template container's child"  # Docker, Podman: the container's kernel forks it
 
 
@@ -87,7 +87,7 @@ class ZygotePolicy:
         """For `doctor`, after a check run of `print(1)` (`forked`: a zygote child ran it): whether Python one-shot
         calls fork their sandboxes here, or why not."""
         if self.flavour is None:
-            return f"not used: BACKEND={self.backend_name} has no zygote (bubblewrap, Docker and Podman have)"
+            return f"not used: BACKEND={self.backend_name} has no zygote (bubblewrap, NsJail, Docker and Podman have)"
         plain = replace(spec, forks=False)
         if plain in self.unavailable:
             return f"not used, calls take the pool: {self.unavailable[plain]}"

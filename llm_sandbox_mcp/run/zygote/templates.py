@@ -1,14 +1,15 @@
-"""The zygote's template flavour (a `TemplateHost`: bubblewrap): fresh Python sandboxes at the cost of a fork.
+"""The zygote's template flavour (a `TemplateHost`: bubblewrap, NsJail): fresh Python sandboxes at the cost of a
+fork.
 
-A *template* per sandbox kind (image, limits, libraries) is one bubblewrap sandbox whose Python process (the
-zygote, runners/python_zygote.py) has paid the interpreter start and the kernel's imports. Per call the server
+A *template* per sandbox kind (image, limits, libraries) is one bubblewrap or NsJail sandbox whose Python process
+(the zygote, runners/python_zygote.py) has paid the interpreter start and the kernel's imports. Per call the server
 hands it one end of a fresh socket pair; it forks a child that makes a sandbox of its own inside the
 template's (new namespaces, fresh tmpfs /workspace, /tmp and /dev/shm), says hello on that socket, and
 waits. The kernel attaches the child's host pid to the hello (SCM_CREDENTIALS, which the child cannot
 forge); the server moves that process into a cgroup of its own with the call's limits, and only then sends
 the request, after which the child drops every capability, applies the strict seccomp
-filter and runs the code with the kernel's frame protocol. Timeouts, floods and cancellation kill the
-call's cgroup from outside.
+filter (on NsJail stacked on the template's Kafel policy) and runs the code with the kernel's frame protocol.
+Timeouts, floods and cancellation kill the call's cgroup from outside.
 
 Each call's child is lent as a lease (`ZygoteTemplates.lend`) and runs through the executor's one run like
 any other sandbox. Where it cannot work (a host without nested user namespaces, a template that does not
