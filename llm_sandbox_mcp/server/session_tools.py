@@ -13,12 +13,14 @@ from pydantic import Field
 
 from llm_sandbox_mcp.languages import LANGUAGES
 from llm_sandbox_mcp.models import MIN_CPUS
+from llm_sandbox_mcp.server.asking import asker_of
 from llm_sandbox_mcp.server.metadata import hints, lifetime
 from llm_sandbox_mcp.server.results import (
     Closed,
     Download,
     FileInfo,
     FileList,
+    NetworkAnswer,
     SessionInfo,
     SessionList,
     download_result,
@@ -82,6 +84,24 @@ def register_session_tools(server: MCPServer[Any], state: AppState) -> None:
             return await state.create_session(
                 language, libraries, memory, cpus, network, progress_of(ctx), secrets or None
             )
+
+    @server.tool(
+        description=(
+            "Ask for one more host for an open session's proxy (created with network=[...]; [] for none yet), "
+            "when a result's network_refused shows the code needs it. Within the operator's allowed hosts the "
+            "person is asked, with your reason; the answer applies to that session only, at once."
+        ),
+        title="Request network",
+        annotations=hints("Request network", read_only=False, destructive=False, idempotent=False, open_world=True),
+    )
+    async def request_network(
+        session_id: SessionId,
+        host: Annotated[str, Field(description="host, host:port or *.domain", max_length=260)],
+        reason: Annotated[str, Field(description="Why the code needs it, shown to the person", max_length=500)],
+        ctx: Context[AppState, Any] | None = None,
+    ) -> NetworkAnswer:
+        with tool_errors():
+            return await state.request_network(session_id, host, reason, asker_of(ctx))
 
     @server.tool(
         description="Close a session and destroy its sandbox. Its variables and files are gone afterwards.",

@@ -35,6 +35,7 @@ from llm_sandbox_mcp.server.results import (
     LanguageDetails,
     LanguageInfo,
     LanguagesResult,
+    NetworkAnswer,
     SessionInfo,
     SessionList,
 )
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from llm_sandbox_mcp.run.executor import Executor
     from llm_sandbox_mcp.run.files import Files
     from llm_sandbox_mcp.run.jobs import Job, JobRegistry, Report
+    from llm_sandbox_mcp.run.network_requests import Ask
     from llm_sandbox_mcp.run.sessions import Session, SessionRegistry
 
 
@@ -280,6 +282,20 @@ class AppState:
         await self.ready()
         await self.sessions.close(session_id, owner=caller())
         return Closed(session_id=session_id, closed=True)
+
+    async def request_network(self, session_id: str, host: str, reason: str, ask: Ask | None) -> NetworkAnswer:
+        await self.ready()
+        sessions = self.sessions
+        decision = await sessions.request_network(session_id, host, reason, ask, caller())
+        session = sessions.get(session_id, caller())
+        return NetworkAnswer(
+            session_id=session_id,
+            host=decision.host,
+            granted=decision.granted,
+            decision=decision.outcome,
+            message=decision.message,
+            allowed_hosts=session.egress.policy.summary() if session.egress is not None else [],
+        )
 
     async def list_sessions(self) -> SessionList:
         await self.ready()
