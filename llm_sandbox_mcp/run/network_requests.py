@@ -38,8 +38,10 @@ KEPT_DECISIONS = 20
 LOGGED_DECISIONS = 100
 
 Answer = Literal["accept", "decline", "cancel"]
-# Asks the person (the message is all they see); None where the client cannot ask.
+# Asks the person (the message is all they see) and waits for the answer.
 Ask = Callable[[str], Awaitable[Answer]]
+# What came of asking: the person's answer, or why there is none. None where the client cannot ask.
+Reply = Literal["accept", "decline", "cancel", "unanswered", "busy"]
 Outcome = Literal[
     "granted",  # the person accepted
     "granted-unasked",  # the client cannot ask, and the operator lets such hosts through
@@ -157,19 +159,48 @@ class NetworkAsks:
         return ([f"{earlier} earlier decisions not kept"] if earlier else []) + [d.line() for d in self.decisions]
 
 
-async def decide(
+def question_for(
+    session_id: str, language: str, listener: EgressListener, host: str, reason: str, ceiling: list[HostRule]
+) -> str | None:
+    """What to ask the person about `host`, or None when there is nothing to ask (a malformed host, one
+    outside the ceiling, or one the session has): `decide` then answers without them. Never raises."""
+    try:
+        rule = within_ceiling(host, ceiling) if len(host) <= MAX_HOST else None
+    except InvalidRequest:
+        return None
+    if rule is None or covered(listener.policy, rule):
+        return None
+    return question(session_id, language, rule, shown(reason))
+
+
+async def ask_once(asks: NetworkAsks, ask: Ask, message: str) -> Reply:
+    """Ask, unless a question for this session is waiting already; no answer within ASK_SECONDS, or the
+    client failing to ask, is `unanswered`."""
+    if asks.asking:
+        return "busy"
+    asks.asking = True
+    try:
+        with anyio.move_on_after(ASK_SECONDS):
+            return await ask(message)
+    except Exception as exc:  # the client's failure to ask is a refusal, never the server's end
+        logger.warning("Asking the person failed: %s", shown(str(exc)))
+    finally:
+        asks.asking = False
+    return "unanswered"
+
+
+def decide(
     session_id: str,
-    language: str,
     listener: EgressListener,
     asks: NetworkAsks,
     host: str,
     reason: str,
     ceiling: list[HostRule],
-    ask: Ask | None,
+    reply: Reply | None,
     grant_unasked: bool,
 ) -> NetworkDecision:
-    """Decide on `host` for one session, asking the person when the client can, and apply a grant to the
-    session's proxy (live). Raises InvalidRequest for a malformed host."""
+    """Decide on `host` for one session given what the person replied (None: the client cannot ask), and
+    apply a grant to the session's proxy (live). Raises InvalidRequest for a malformed host."""
     if len(host) > MAX_HOST:
         raise InvalidRequest(f"host is {len(host)} characters long; a host name has at most 253")
     said = shown(reason)
@@ -188,11 +219,11 @@ async def decide(
         )
     if covered(listener.policy, rule):
         return decided("already-allowed", f"Session {session_id} may already reach {name}")
-    if asks.asking:
+    if reply == "busy":
         return decided(
             "busy", f"Another request for session {session_id} is waiting for the person's answer; ask after it"
         )
-    if ask is None:
+    if reply is None:
         if not grant_unasked:
             return decided(
                 "no-elicitation",
@@ -201,24 +232,15 @@ async def decide(
             )
         listener.allow(rule)
         return decided("granted-unasked", f"Session {session_id} may now reach {name} ({UNASKED_SETTING})")
-    logger.warning("Session %s network request for %s: asking the person (reason: %s)", session_id, name, said)
-    asks.asking = True
-    answer: Answer | None = None
-    try:
-        with anyio.move_on_after(ASK_SECONDS):
-            answer = await ask(question(session_id, language, rule, said))
-    except Exception as exc:  # the client's failure to ask is a refusal, never the server's end
-        logger.warning("Session %s: asking the person failed: %s", session_id, shown(str(exc)))
-    finally:
-        asks.asking = False
-    if answer == "accept":
+    logger.warning("Session %s network request for %s: asked the person (reason: %s)", session_id, name, said)
+    if reply == "accept":
         if listener.closed:
             return decided("unanswered", f"Session {session_id} was closed while the person was asked")
         listener.allow(rule)
         return decided("granted", f"The person allowed {name} for session {session_id}; it is reachable now")
-    if answer == "decline":
+    if reply == "decline":
         return decided("declined", f"The person declined {name} for session {session_id}; it stays refused")
-    if answer == "cancel":
+    if reply == "cancel":
         return decided("cancelled", f"The person dismissed the question; {name} stays refused")
     return decided("unanswered", f"The person did not answer; {name} stays refused")
 

@@ -34,8 +34,11 @@ from llm_sandbox_mcp.run.network_requests import (
     Ask,
     NetworkAsks,
     NetworkDecision,
+    Reply,
+    ask_once,
     ceiling_rules,
     decide,
+    question_for,
     refusal_lines,
     within_ceiling,
 )
@@ -207,11 +210,23 @@ class SessionRegistry:
             rules.append(rule)
         return EgressPolicy.of(rules, SESSION_SETTING)
 
+    def network_question(self, session_id: str, host: str, reason: str, owner: str = "") -> str | None:
+        """What to ask the person before `request_network`, or None when nothing is to be asked. Never raises."""
+        session = self._sessions.get(session_id)
+        if session is None or session.owner != owner or session.egress is None:
+            return None
+        ceiling = ceiling_rules(self.settings.sandbox_session_allow_hosts)
+        return question_for(session.id, session.language.name, session.egress, host, reason, ceiling)
+
+    async def ask_person(self, session_id: str, message: str, ask: Ask, owner: str = "") -> Reply:
+        """Ask the person `message` (from `network_question`) for a session, one question at a time."""
+        return await ask_once(self.get(session_id, owner).asks, ask, message)
+
     async def request_network(
-        self, session_id: str, host: str, reason: str, ask: Ask | None, owner: str = ""
+        self, session_id: str, host: str, reason: str, reply: Reply | None, owner: str = ""
     ) -> NetworkDecision:
-        """A host for an open session's proxy, within the operator's ceiling, when the person (or, where the
-        client cannot ask, the operator's setting) allows it. Raises what the caller can fix."""
+        """A host for an open session's proxy, within the operator's ceiling, when the person (`reply`; None
+        where the client cannot ask: then the operator's setting) allows it. Raises what the caller can fix."""
         session = self.get(session_id, owner)
         if session.egress is None:
             raise InvalidRequest(
@@ -221,15 +236,14 @@ class SessionRegistry:
                 else f"This server lets sessions reach no hosts ({SESSION_SETTING} is unset, or sessions on "
                 f"{self.executor.engine} cannot reach the server's proxy)"
             )
-        decision = await decide(
+        decision = decide(
             session.id,
-            session.language.name,
             session.egress,
             session.asks,
             host,
             reason,
             ceiling_rules(self.settings.sandbox_session_allow_hosts),
-            ask,
+            reply,
             self.settings.sandbox_session_grant_unasked,
         )
         if session.id not in self._sessions:

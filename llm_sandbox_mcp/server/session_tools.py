@@ -7,13 +7,15 @@ Each tool body is one call to AppState inside the error boundary.
 from typing import Annotated, Any
 
 from mcp.server import MCPServer
+from mcp.server.elicitation import ElicitationResult
 from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.resolve import Resolve
 from mcp_types import CallToolResult
 from pydantic import Field
 
 from llm_sandbox_mcp.languages import LANGUAGES
 from llm_sandbox_mcp.models import MIN_CPUS
-from llm_sandbox_mcp.server.asking import asker_of
+from llm_sandbox_mcp.server.asking import Approval, person_resolver, reply_of
 from llm_sandbox_mcp.server.metadata import hints, lifetime
 from llm_sandbox_mcp.server.results import (
     Closed,
@@ -35,6 +37,7 @@ WorkspacePath = Annotated[str, Field(description="Path relative to the session's
 
 def register_session_tools(server: MCPServer[Any], state: AppState) -> None:
     languages = ", ".join(LANGUAGES)
+    ask_person = person_resolver(state)
 
     @server.tool(
         description=(
@@ -98,10 +101,10 @@ def register_session_tools(server: MCPServer[Any], state: AppState) -> None:
         session_id: SessionId,
         host: Annotated[str, Field(description="host, host:port or *.domain", max_length=260)],
         reason: Annotated[str, Field(description="Why the code needs it, shown to the person", max_length=500)],
-        ctx: Context[AppState, Any] | None = None,
+        person: Annotated[ElicitationResult[Approval], Resolve(ask_person)],
     ) -> NetworkAnswer:
         with tool_errors():
-            return await state.request_network(session_id, host, reason, asker_of(ctx))
+            return await state.request_network(session_id, host, reason, reply_of(person))
 
     @server.tool(
         description="Close a session and destroy its sandbox. Its variables and files are gone afterwards.",

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from llm_sandbox_mcp.run.executor import Executor
     from llm_sandbox_mcp.run.files import Files
     from llm_sandbox_mcp.run.jobs import Job, JobRegistry, Report
-    from llm_sandbox_mcp.run.network_requests import Ask
+    from llm_sandbox_mcp.run.network_requests import Ask, Reply
     from llm_sandbox_mcp.run.sessions import Session, SessionRegistry
 
 
@@ -283,10 +283,18 @@ class AppState:
         await self.sessions.close(session_id, owner=caller())
         return Closed(session_id=session_id, closed=True)
 
-    async def request_network(self, session_id: str, host: str, reason: str, ask: Ask | None) -> NetworkAnswer:
+    def network_question(self, session_id: str, host: str, reason: str) -> str | None:
+        """What request_network would ask the person, or None (nothing to ask, or not yet started)."""
+        return self.registry.network_question(session_id, host, reason, caller()) if self.registry else None
+
+    async def ask_person(self, session_id: str, message: str, ask: Ask) -> Reply:
+        await self.ready()
+        return await self.sessions.ask_person(session_id, message, ask, caller())
+
+    async def request_network(self, session_id: str, host: str, reason: str, reply: Reply | None) -> NetworkAnswer:
         await self.ready()
         sessions = self.sessions
-        decision = await sessions.request_network(session_id, host, reason, ask, caller())
+        decision = await sessions.request_network(session_id, host, reason, reply, caller())
         session = sessions.get(session_id, caller())
         return NetworkAnswer(
             session_id=session_id,

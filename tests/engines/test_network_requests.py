@@ -10,21 +10,12 @@ from typing import cast
 
 import pytest
 
-from llm_sandbox_mcp.run.network_requests import Answer
 from llm_sandbox_mcp.run.sessions import SessionRegistry
 from tests.engines.test_egress import FETCH, _executor  # pyright: ignore[reportPrivateUsage]
 from tests.support.egress import loopback_name
 from tests.support.registries import serve
 
 pytestmark = pytest.mark.anyio
-
-
-async def _accept(message: str) -> Answer:
-    return "accept"
-
-
-async def _decline(message: str) -> Answer:
-    return "decline"
 
 
 # One engine of each way a sandbox reaches the proxy (container exec stream, a host process, the Kubernetes
@@ -46,10 +37,10 @@ async def test_a_host_asked_for_opens_to_that_session_only_and_only_when_accepte
                 asking = await sessions.create("python", [], network=[])
                 other = await sessions.create("python", [], network=[])
                 before = await sessions.execute(asking.id, code, [], 60)
-                granted = await sessions.request_network(asking.id, host, "to read the data", _accept)
+                granted = await sessions.request_network(asking.id, host, "to read the data", "accept")
                 after = await sessions.execute(asking.id, code, [], 60)
                 elsewhere = await sessions.execute(other.id, code, [], 60)
-                declined = await sessions.request_network(other.id, host, "to read it too", _decline)
+                declined = await sessions.request_network(other.id, host, "to read it too", "decline")
                 still = await sessions.execute(other.id, code, [], 60)
                 described = sessions.get(asking.id).describe()
             finally:

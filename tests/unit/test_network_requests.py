@@ -7,23 +7,36 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import Any, Literal
 
 import anyio
 import pytest
+from mcp import Client
+from mcp.client.session import ClientRequestContext
+from mcp_types import CallToolResult, ElicitRequestParams, ElicitResult, TextContent
 
+from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.egress.policy import EgressPolicy, Refusal
 from llm_sandbox_mcp.egress.proxy import EgressListener, RefusalWindow, open_listener
-from llm_sandbox_mcp.errors import InvalidRequest
+from llm_sandbox_mcp.errors import InvalidRequest, SandboxNotFound
 from llm_sandbox_mcp.host_rules import HostRule
+from llm_sandbox_mcp.run.executor import Executor
 from llm_sandbox_mcp.run.network_requests import (
     KEPT_DECISIONS,
     Answer,
+    Ask,
     NetworkAsks,
     NetworkDecision,
+    Reply,
+    ask_once,
     ceiling_rules,
     decide,
+    question_for,
     refusal_lines,
 )
+from llm_sandbox_mcp.run.sessions import SessionRegistry
+from llm_sandbox_mcp.server.app import build_server
+from tests.support.fakes import FakeBackend, ok
 
 pytestmark = pytest.mark.anyio
 
@@ -53,15 +66,20 @@ class Person:
 async def _decide(
     listener: EgressListener,
     host: str,
-    person: Person | None,
+    person: Ask | None,
     *,
     reason: str = "to fetch the data",
     asks: NetworkAsks | None = None,
     grant_unasked: bool = False,
     ceiling: list[HostRule] = CEILING,
 ) -> NetworkDecision:
+    """As request_network does it: the question asked (when there is one) through `person`, then the decision."""
     asks = asks if asks is not None else NetworkAsks.empty()
-    return await decide("s-1", "python", listener, asks, host, reason, ceiling, person, grant_unasked)
+    reply: Reply | None = None
+    if person is not None:
+        message = question_for("s-1", "python", listener, host, reason, ceiling)
+        reply = await ask_once(asks, person, message) if message is not None else "unanswered"
+    return decide("s-1", listener, asks, host, reason, ceiling, reply, grant_unasked)
 
 
 @pytest.mark.parametrize(
@@ -163,17 +181,14 @@ async def test_one_question_waits_per_session_and_a_flood_is_refused_and_bounded
     flood: list[NetworkDecision] = []
 
     async def first() -> None:
-        results.append(
-            await decide("s-1", "python", listener, asks, "api.example.org", "r", CEILING, slow_person, False)
-        )
+        results.append(await _decide(listener, "api.example.org", slow_person, reason="r", asks=asks))
 
     with anyio.fail_after(10):
         async with anyio.create_task_group() as group:
             group.start_soon(first)
             await waiting.wait()
             flood += [
-                await decide("s-1", "python", listener, asks, f"h{i}.example.net", "r", CEILING, slow_person, False)
-                for i in range(500)
+                await _decide(listener, f"h{i}.example.net", slow_person, reason="r", asks=asks) for i in range(500)
             ]
             answered.set()
     assert {decision.outcome for decision in flood} == {"busy"} and len(asked) == 1
@@ -243,3 +258,110 @@ def test_a_calls_refusals_are_deduplicated_and_capped_with_a_count_of_the_rest()
         for i in range(3)
     ]
     assert lines[3] == "400 more refused connections not listed"
+
+
+def _server(**settings: Any) -> tuple[Any, FakeBackend]:
+    backend = FakeBackend(handler=lambda call: ok())
+    backend.install_network = "egress"
+    configured = Settings(sandbox_pool_size=0, sandbox_session_allow_hosts=["api.example.org"], **settings)
+    return build_server(configured, backend), backend
+
+
+def _structured(result: CallToolResult) -> dict[str, Any]:
+    assert not result.is_error and result.structured_content is not None, result.content
+    return result.structured_content
+
+
+def _error(result: CallToolResult) -> str:
+    assert result.is_error
+    first = result.content[0]
+    assert isinstance(first, TextContent)
+    return first.text
+
+
+# Both ways the SDK carries the question: in the call's result (2026-07-28 on), and as a request of the server's.
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_over_mcp_the_person_is_asked_by_elicitation_and_hostile_requests_get_clear_errors(
+    mode: Literal["auto", "legacy"],
+) -> None:
+    server, _ = _server()
+    asked: list[ElicitRequestParams] = []
+
+    async def person(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+        asked.append(params)
+        return ElicitResult(action="accept", content={})
+
+    async with Client(server, elicitation_callback=person, mode=mode) as client:
+        session_id = _structured(await client.call_tool("create_session", {"network": []}))["session_id"]
+
+        async def request(**arguments: Any) -> CallToolResult:
+            return await client.call_tool("request_network", {"session_id": session_id, "reason": "r", **arguments})
+
+        granted = _structured(await request(host="api.example.org", reason="the API\x1b[2J"))
+        again = _structured(await request(host="api.example.org"))
+        outside = _structured(await request(host="evil.example.com"))
+        bad_host = _error(await request(host="user@api.example.org:99999"))
+        huge = await request(host="api.example.org", reason="x" * 100_000)
+        unknown = _error(
+            await client.call_tool("request_network", {"session_id": "s-0", "host": "api.example.org", "reason": "r"})
+        )
+        listed = _structured(await client.call_tool("list_sessions", {}))["sessions"][0]
+    assert granted["granted"] and granted["decision"] == "granted" and granted["allowed_hosts"] == ["api.example.org"]
+    assert again["decision"] == "already-allowed" and outside["decision"] == "outside-ceiling"
+    assert len(asked) == 1 and session_id in asked[0].message and "the API\\x1b[2J" in asked[0].message
+    assert "\x1b" not in asked[0].message
+    assert "host name, host:port or *.domain" in bad_host and "s-0" in unknown and "gone" in unknown
+    assert huge.is_error and len(asked) == 1
+    assert [line.split(" ", 1)[1] for line in listed["network_requests"]] == [
+        "granted api.example.org (reason: the API\\x1b[2J)",
+        "already-allowed api.example.org (reason: r)",
+        "outside-ceiling evil.example.com (reason: r)",
+    ]
+
+
+@pytest.mark.parametrize(("grant_unasked", "granted"), [(False, False), (True, True)])
+async def test_over_mcp_a_client_without_elicitation_gets_the_operators_decision(
+    grant_unasked: bool, granted: bool
+) -> None:
+    server, _ = _server(sandbox_session_grant_unasked=grant_unasked)
+    async with Client(server) as client:
+        session_id = _structured(await client.call_tool("create_session", {"network": []}))["session_id"]
+        answer = _structured(
+            await client.call_tool(
+                "request_network", {"session_id": session_id, "host": "api.example.org", "reason": "r"}
+            )
+        )
+    assert answer["granted"] is granted
+    assert answer["decision"] == ("granted-unasked" if granted else "no-elicitation")
+
+
+async def test_a_session_of_another_owner_is_as_unknown_as_one_that_never_existed() -> None:
+    backend = FakeBackend(handler=lambda call: ok())
+    backend.install_network = "egress"
+    settings = Settings(sandbox_pool_size=0, sandbox_session_allow_hosts=["api.example.org"])
+    person = Person()
+    async with Executor(settings, backend) as executor:
+        registry = SessionRegistry(settings, executor)
+        try:
+            session = await registry.create("python", [], network=[], owner="alice")
+            assert registry.network_question(session.id, "api.example.org", "r", owner="mallory") is None
+            with pytest.raises(SandboxNotFound, match="no session with that id"):
+                await registry.ask_person(session.id, "a question", person, owner="mallory")
+            with pytest.raises(SandboxNotFound, match="no session with that id"):
+                await registry.request_network(session.id, "api.example.org", "r", "accept", owner="mallory")
+            assert session.egress is not None and session.egress.policy.rules == ()
+        finally:
+            await registry.aclose()
+    assert person.asked == []
+
+
+async def test_a_session_without_a_proxy_says_how_to_get_one() -> None:
+    server, _ = _server()
+    async with Client(server) as client:
+        session_id = _structured(await client.call_tool("create_session", {}))["session_id"]
+        said = _error(
+            await client.call_tool(
+                "request_network", {"session_id": session_id, "host": "api.example.org", "reason": "r"}
+            )
+        )
+    assert "network=[]" in said
