@@ -68,7 +68,8 @@ def register_session_tools(server: MCPServer[Any], state: AppState) -> None:
             Field(
                 description="Hosts the session may reach over HTTP(S) through the server's proxy, such as "
                 "['api.github.com', '*.example.org'] (within the operator's SANDBOX_SESSION_ALLOW_HOSTS, else "
-                "refused). false: no network. true: unrestricted network, refused unless the operator allows it",
+                "refused); [] for none yet (request_network asks for more later). false: no network. true: "
+                "unrestricted network, refused unless the operator allows it",
             ),
         ] = False,
         secrets: Annotated[

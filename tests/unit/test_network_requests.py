@@ -365,3 +365,21 @@ async def test_a_session_without_a_proxy_says_how_to_get_one() -> None:
             )
         )
     assert "network=[]" in said
+
+
+@pytest.mark.parametrize(("allowed", "proxied"), [(["api.example.org"], True), ([], False)])
+async def test_network_empty_gives_a_proxy_to_ask_through_only_where_the_operator_lists_hosts(
+    allowed: list[str], proxied: bool
+) -> None:
+    backend = FakeBackend(handler=lambda call: ok())
+    backend.install_network = "egress"
+    settings = Settings(sandbox_pool_size=0, sandbox_session_allow_hosts=allowed)
+    async with Executor(settings, backend) as executor:
+        registry = SessionRegistry(settings, executor)
+        try:
+            session = await registry.create("python", [], network=[])
+            described = session.describe()
+        finally:
+            await registry.aclose()
+    assert (session.egress is not None) == proxied
+    assert described["network"] == ("egress" if proxied else "none") and described["allowed_hosts"] == []
