@@ -232,7 +232,8 @@ def decide(
             )
         listener.allow(rule)
         return decided("granted-unasked", f"Session {session_id} may now reach {name} ({UNASKED_SETTING})")
-    logger.warning("Session %s network request for %s: asked the person (reason: %s)", session_id, name, said)
+    if asks.count < LOGGED_DECISIONS:
+        logger.warning("Session %s network request for %s: asked the person (reason: %s)", session_id, name, said)
     if reply == "accept":
         if listener.closed:
             return decided("unanswered", f"Session {session_id} was closed while the person was asked")
