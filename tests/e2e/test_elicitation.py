@@ -30,7 +30,8 @@ def _payload(result: CallToolResult) -> dict[str, Any]:
     return json.loads(first.text)
 
 
-# Worth its ~10 s per case: the only test of the question crossing a real process boundary, both ways.
+# Worth its 5-8 s per case (a server start and a Docker session each): the only test of the question crossing a
+# real process boundary, with and without elicitation.
 @pytest.mark.parametrize("elicits", [True, False], ids=["elicitation", "no-elicitation"])
 async def test_over_stdio_the_person_opens_a_host_for_one_session_and_a_client_that_cannot_ask_does_not(
     request: pytest.FixtureRequest, elicits: bool
