@@ -91,12 +91,9 @@ class NetworkAnswer(BaseModel):
     session_id: str
     host: str
     granted: bool = Field(description="Whether the session may reach the host now")
-    decision: str = Field(
-        description="granted, granted-unasked, already-allowed, declined, cancelled, unanswered, "
-        "outside-ceiling, no-elicitation or busy"
-    )
+    decision: str  # the outcomes are listed in docs/network.md; `message` says what it means
     message: str
-    allowed_hosts: list[str] = Field(description="Hosts the session may reach now")
+    allowed_hosts: list[str]
 
 
 class Closed(BaseModel):
