@@ -166,6 +166,7 @@ class Settings(BaseSettings):
     sandbox_session_max_cpus: Annotated[float, Field(ge=MIN_CPUS)] = 2.0
     sandbox_session_network_mode: str | None = None
     sandbox_session_allow_hosts: HostList = Field(default_factory=lambda: [])
+    sandbox_session_grant_unasked: bool = False
     sandbox_secrets_file: Path | None = None
     sandbox_foreground_limit: PositiveFloat = 50.0
     sandbox_max_jobs: PositiveInt = 16

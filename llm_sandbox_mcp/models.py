@@ -303,3 +303,7 @@ class Execution(BaseModel):
     )
     job_id: str | None = Field(default=None, description="The background job this run goes on as: poll get_job")
     message: str | None = Field(default=None, description="What to do next, when the run goes on as a job")
+    network_refused: list[str] = Field(
+        default_factory=lambda: [],
+        description="Connections the session's proxy refused during this call: host:port and why",
+    )

@@ -43,6 +43,26 @@ _CHUNK = 64 * 1024
 _MAX_REFUSALS = 20
 # A sandbox that floods the proxy must not flood the server's log.
 MAX_LOGGED_REFUSALS = 200
+# Distinct refusals one call reports; past them only a count is kept.
+MAX_CALL_REFUSALS = 10
+
+
+@dataclass
+class RefusalWindow:
+    """The refusals of one call: the first distinct ones (at most `cap`) and how many more there were. Its
+    size is bounded whatever the sandbox does."""
+
+    cap: int = MAX_CALL_REFUSALS
+    shown: list[Refusal] = field(default_factory=lambda: [])
+    left_out: int = 0
+
+    def add(self, refusal: Refusal) -> None:
+        if refusal in self.shown:
+            return
+        if len(self.shown) < self.cap:
+            self.shown.append(refusal)
+        else:
+            self.left_out += 1
 
 
 @dataclass
@@ -54,6 +74,8 @@ class EgressListener:
     # The session's secrets: TLS to their hosts ends here, every other tunnel stays end to end.
     secrets: SecretRoutes | None = None
     refused: list[Refusal] = field(default_factory=lambda: [])
+    # The refusals of the call running now (`watch`), for that call's result.
+    window: RefusalWindow | None = None
     # Allowed hosts the proxy could not reach (answered 502), for the install error.
     unreachable: list[str] = field(default_factory=lambda: [])
     connections: int = 0
@@ -85,8 +107,19 @@ class EgressListener:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    def allow(self, rule: HostRule) -> None:
+        """Widen the allowlist, live: every connection from now on is matched against the new one."""
+        self.policy = EgressPolicy.of((*self.policy.rules, rule), self.policy.setting)
+
+    def watch(self) -> RefusalWindow:
+        """Start recording the refusals of a call (one at a time: a later `watch` replaces the window)."""
+        self.window = RefusalWindow()
+        return self.window
+
     def _refuse(self, refusal: Refusal) -> None:
         self.refusals += 1
+        if self.window is not None:
+            self.window.add(refusal)
         if self.refusals <= MAX_LOGGED_REFUSALS:
             logger.warning("Egress refused for %s: %s", self.label, refusal.logged(self.policy.setting))
         if self.refusals == MAX_LOGGED_REFUSALS:

@@ -29,6 +29,19 @@ from llm_sandbox_mcp.models import EGRESS_NETWORK, MIN_CPUS, MIN_MEMORY, Executi
 from llm_sandbox_mcp.run.executor import Executor, Program
 from llm_sandbox_mcp.run.leases import Lease
 from llm_sandbox_mcp.run.modes import Cell
+from llm_sandbox_mcp.run.network_requests import (
+    SESSION_SETTING,
+    Ask,
+    NetworkAsks,
+    NetworkDecision,
+    Reply,
+    ask_once,
+    ceiling_rules,
+    decide,
+    question_for,
+    refusal_lines,
+    within_ceiling,
+)
 from llm_sandbox_mcp.run.session_secrets import (
     TRUST_SCRIPT,
     SessionSecrets,
@@ -39,7 +52,6 @@ from llm_sandbox_mcp.run.session_secrets import (
 
 logger = logging.getLogger(__name__)
 
-SESSION_SETTING = "SANDBOX_SESSION_ALLOW_HOSTS"
 # Why recently closed sessions are gone, for the model that calls one again; older ones are forgotten.
 _REMEMBERED_CLOSES = 1024
 
@@ -66,6 +78,8 @@ class Session:
     relay: Relay | None = None
     # The secrets it was given (their values stay in this process).
     secrets: SecretRoutes | None = None
+    # Hosts asked for at run time (request_network): the decisions, and the question waiting.
+    asks: NetworkAsks = field(default_factory=NetworkAsks.empty)
 
     def describe(self) -> dict[str, object]:
         now = time.monotonic()
@@ -82,6 +96,7 @@ class Session:
             "network": EGRESS_NETWORK if self.egress is not None else limits.network_mode,
             "allowed_hosts": self.egress.policy.summary() if self.egress is not None else [],
             "secrets": [binding.spec.name for binding in self.secrets.bindings] if self.secrets is not None else [],
+            "network_requests": self.asks.lines(),
         }
 
 
@@ -127,7 +142,7 @@ class SessionRegistry:
                     "close one with close_session (list_sessions shows yours)"
                 )
         limits = self._limits(memory, cpus, network is True)
-        policy = self._egress(network) if isinstance(network, list) and network else None
+        policy = self._egress(network) if isinstance(network, list) and self._proxied(network) else None
         routes = self.secrets.bind(secrets, policy) if secrets else None
         session_id = f"s-{token_hex(8)}"
         self._creating[owner] = self._creating.get(owner, 0) + 1
@@ -162,6 +177,11 @@ class SessionRegistry:
             await self.executor.close(lease)
             raise
 
+    def _proxied(self, wanted: list[str]) -> bool:
+        """Whether a session asking for `wanted` gets a proxy: any host, or none yet (`[]`, to ask for hosts
+        later with request_network) where the operator lists hosts and the engine reaches the proxy."""
+        return bool(wanted) or bool(self.settings.sandbox_session_allow_hosts and self.executor.reaches_egress_proxy)
+
     def _egress(self, wanted: list[str]) -> EgressPolicy:
         """The hosts a session asked for, each within SANDBOX_SESSION_ALLOW_HOSTS; explicit where the operator
         named that very host (then reached wherever it resolves), else public addresses only."""
@@ -170,7 +190,7 @@ class SessionRegistry:
                 f"Sessions on {self.executor.engine} cannot be given hosts: its sandboxes cannot reach the "
                 "server's egress proxy"
             )
-        allowed = [HostRule.parse(entry, explicit=True) for entry in self.settings.sandbox_session_allow_hosts]
+        allowed = ceiling_rules(self.settings.sandbox_session_allow_hosts)
         if not allowed:
             raise InvalidRequest(
                 "This server lets sessions reach no hosts (the operator lists the hosts sessions may ask for in "
@@ -179,23 +199,56 @@ class SessionRegistry:
         rules: list[HostRule] = []
         for entry in wanted:
             try:
-                rule = HostRule.parse(entry, explicit=False)
-            except ValueError as exc:
+                rule = within_ceiling(entry, allowed)
+            except InvalidRequest as exc:
                 raise InvalidRequest(f"network: {exc}") from None
-            within = [
-                operator
-                for operator in allowed
-                if rule.ports <= operator.ports
-                and (operator.covers(rule.name) or (rule.wildcard and operator.wildcard and operator.name == rule.name))
-            ]
-            if not within:
+            if rule is None:
                 raise InvalidRequest(
                     f"network: {entry!r} is not within the hosts this server allows sessions ({SESSION_SETTING}: "
                     f"{', '.join(rule.display() for rule in allowed)})"
                 )
-            explicit = not rule.wildcard and any(operator.explicit for operator in within)
-            rules.append(replace(rule, explicit=explicit))
+            rules.append(rule)
         return EgressPolicy.of(rules, SESSION_SETTING)
+
+    def network_question(self, session_id: str, host: str, reason: str, owner: str = "") -> str | None:
+        """What to ask the person before `request_network`, or None when nothing is to be asked. Never raises."""
+        session = self._sessions.get(session_id)
+        if session is None or session.owner != owner or session.egress is None:
+            return None
+        ceiling = ceiling_rules(self.settings.sandbox_session_allow_hosts)
+        return question_for(session.id, session.language.name, session.egress, host, reason, ceiling)
+
+    async def ask_person(self, session_id: str, message: str, ask: Ask, owner: str = "") -> Reply:
+        """Ask the person `message` (from `network_question`) for a session, one question at a time."""
+        return await ask_once(self.get(session_id, owner).asks, ask, message)
+
+    async def request_network(
+        self, session_id: str, host: str, reason: str, reply: Reply | None, owner: str = ""
+    ) -> NetworkDecision:
+        """A host for an open session's proxy, within the operator's ceiling, when the person (`reply`; None
+        where the client cannot ask: then the operator's setting) allows it. Raises what the caller can fix."""
+        session = self.get(session_id, owner)
+        if session.egress is None:
+            raise InvalidRequest(
+                f"Session {session.id} has no proxy to allow hosts through: it was created without network=[...]. "
+                "Create a session with network=[] (or the hosts it needs) to ask for hosts later"
+                if self.settings.sandbox_session_allow_hosts and self.executor.reaches_egress_proxy
+                else f"This server lets sessions reach no hosts ({SESSION_SETTING} is unset, or sessions on "
+                f"{self.executor.engine} cannot reach the server's proxy)"
+            )
+        decision = decide(
+            session.id,
+            session.egress,
+            session.asks,
+            host,
+            reason,
+            ceiling_rules(self.settings.sandbox_session_allow_hosts),
+            reply,
+            self.settings.sandbox_session_grant_unasked,
+        )
+        if session.id not in self._sessions:
+            raise self._gone(session.id, owner)
+        return decision
 
     def _limits(self, memory: str | None, cpus: float | None, network: bool) -> Limits:
         limits = self.executor.limits
@@ -308,6 +361,7 @@ class SessionRegistry:
         async with session.lock, self.executor.limiter:
             if session.id not in self._sessions:
                 raise self._gone(session.id, owner)
+            window = session.egress.watch() if session.egress is not None else None
             try:
                 await self._relay(session)
                 execution = await self.executor.run(session.lease, program, session.cell, live)
@@ -316,7 +370,11 @@ class SessionRegistry:
                 raise
             finally:
                 session.last_used = time.monotonic()
+                if session.egress is not None:
+                    session.egress.window = None
         execution.session_id = session.id
+        if window is not None:
+            execution.network_refused = refusal_lines(window, ceiling_rules(self.settings.sandbox_session_allow_hosts))
         return execution if session.secrets is None else redact_execution(execution, session.secrets)
 
     async def _relay(self, session: Session) -> None:

@@ -74,6 +74,9 @@ class SessionInfo(BaseModel):
         description="Secrets given to the session: each an environment variable holding a placeholder that the "
         "proxy replaces with the value only in requests to the secret's hosts",
     )
+    network_requests: list[str] = Field(
+        default_factory=lambda: [], description="Hosts asked for with request_network and what was decided"
+    )
     workspace_bytes: int | None = Field(default=None, description="Bytes in /workspace now (list_sessions)")
     memory_bytes: int | None = Field(
         default=None, description="Memory the sandbox uses now, where the engine shows it (list_sessions)"
@@ -82,6 +85,15 @@ class SessionInfo(BaseModel):
 
 class SessionList(BaseModel):
     sessions: list[SessionInfo]
+
+
+class NetworkAnswer(BaseModel):
+    session_id: str
+    host: str
+    granted: bool = Field(description="Whether the session may reach the host now")
+    decision: str  # the outcomes are listed in docs/network.md; `message` says what it means
+    message: str
+    allowed_hosts: list[str]
 
 
 class Closed(BaseModel):

@@ -7,18 +7,22 @@ Each tool body is one call to AppState inside the error boundary.
 from typing import Annotated, Any
 
 from mcp.server import MCPServer
+from mcp.server.elicitation import ElicitationResult
 from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.resolve import Resolve
 from mcp_types import CallToolResult
 from pydantic import Field
 
 from llm_sandbox_mcp.languages import LANGUAGES
 from llm_sandbox_mcp.models import MIN_CPUS
+from llm_sandbox_mcp.server.asking import Approval, person_resolver, reply_of
 from llm_sandbox_mcp.server.metadata import hints, lifetime
 from llm_sandbox_mcp.server.results import (
     Closed,
     Download,
     FileInfo,
     FileList,
+    NetworkAnswer,
     SessionInfo,
     SessionList,
     download_result,
@@ -33,6 +37,7 @@ WorkspacePath = Annotated[str, Field(description="Path relative to the session's
 
 def register_session_tools(server: MCPServer[Any], state: AppState) -> None:
     languages = ", ".join(LANGUAGES)
+    ask_person = person_resolver(state)
 
     @server.tool(
         description=(
@@ -63,7 +68,8 @@ def register_session_tools(server: MCPServer[Any], state: AppState) -> None:
             Field(
                 description="Hosts the session may reach over HTTP(S) through the server's proxy, such as "
                 "['api.github.com', '*.example.org'] (within the operator's SANDBOX_SESSION_ALLOW_HOSTS, else "
-                "refused). false: no network. true: unrestricted network, refused unless the operator allows it",
+                "refused); [] for none yet (request_network asks for more later). false: no network. true: "
+                "unrestricted network, refused unless the operator allows it",
             ),
         ] = False,
         secrets: Annotated[
@@ -82,6 +88,24 @@ def register_session_tools(server: MCPServer[Any], state: AppState) -> None:
             return await state.create_session(
                 language, libraries, memory, cpus, network, progress_of(ctx), secrets or None
             )
+
+    @server.tool(
+        description=(
+            "Ask for one more host for an open session's proxy (created with network=[...]; [] for none yet), "
+            "when a result's network_refused shows the code needs it. Within the operator's allowed hosts the "
+            "person is asked, with your reason; the answer applies to that session only, at once."
+        ),
+        title="Request network",
+        annotations=hints("Request network", read_only=False, destructive=False, idempotent=False, open_world=True),
+    )
+    async def request_network(
+        session_id: SessionId,
+        host: Annotated[str, Field(description="host, host:port or *.domain", max_length=260)],
+        reason: Annotated[str, Field(description="Why the code needs it, shown to the person", max_length=500)],
+        person: Annotated[ElicitationResult[Approval], Resolve(ask_person)],
+    ) -> NetworkAnswer:
+        with tool_errors():
+            return await state.request_network(session_id, host, reason, reply_of(person))
 
     @server.tool(
         description="Close a session and destroy its sandbox. Its variables and files are gone afterwards.",

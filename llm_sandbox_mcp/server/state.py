@@ -35,6 +35,7 @@ from llm_sandbox_mcp.server.results import (
     LanguageDetails,
     LanguageInfo,
     LanguagesResult,
+    NetworkAnswer,
     SessionInfo,
     SessionList,
 )
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from llm_sandbox_mcp.run.executor import Executor
     from llm_sandbox_mcp.run.files import Files
     from llm_sandbox_mcp.run.jobs import Job, JobRegistry, Report
+    from llm_sandbox_mcp.run.network_requests import Ask, Reply
     from llm_sandbox_mcp.run.sessions import Session, SessionRegistry
 
 
@@ -280,6 +282,28 @@ class AppState:
         await self.ready()
         await self.sessions.close(session_id, owner=caller())
         return Closed(session_id=session_id, closed=True)
+
+    def network_question(self, session_id: str, host: str, reason: str) -> str | None:
+        """What request_network would ask the person, or None (nothing to ask, or not yet started)."""
+        return self.registry.network_question(session_id, host, reason, caller()) if self.registry else None
+
+    async def ask_person(self, session_id: str, message: str, ask: Ask) -> Reply:
+        await self.ready()
+        return await self.sessions.ask_person(session_id, message, ask, caller())
+
+    async def request_network(self, session_id: str, host: str, reason: str, reply: Reply | None) -> NetworkAnswer:
+        await self.ready()
+        sessions = self.sessions
+        decision = await sessions.request_network(session_id, host, reason, reply, caller())
+        session = sessions.get(session_id, caller())
+        return NetworkAnswer(
+            session_id=session_id,
+            host=decision.host,
+            granted=decision.granted,
+            decision=decision.outcome,
+            message=decision.message,
+            allowed_hosts=session.egress.policy.summary() if session.egress is not None else [],
+        )
 
     async def list_sessions(self) -> SessionList:
         await self.ready()

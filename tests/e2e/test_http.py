@@ -23,9 +23,10 @@ import httpx2
 import pytest
 from mcp import Client
 from mcp.client import ClientSession
+from mcp.client.session import ClientRequestContext, ElicitationFnT
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp_types import CallToolResult, TextContent
+from mcp_types import CallToolResult, ElicitRequestParams, ElicitResult, TextContent
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
 from tests.e2e.test_stdio import SCRIPT
@@ -81,6 +82,7 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         SANDBOX_HTTP_MAX_CALLS_PER_PRINCIPAL=str(MAX_CALLS),
         SANDBOX_HTTP_MAX_SESSIONS_PER_PRINCIPAL="1",
         SANDBOX_HTTP_MAX_BODY="1m",
+        SANDBOX_SESSION_ALLOW_HOSTS="api.example.org",
     )
     with log.open("wb") as err, stdout.open("wb") as out:
         process = subprocess.Popen([SCRIPT, "serve", "--http", f"127.0.0.1:{port}"], env=env, stdout=out, stderr=err)
@@ -113,10 +115,13 @@ def _as(token: str) -> httpx2.AsyncClient:
 
 
 @asynccontextmanager
-async def _client(served: Served, token: str, mode: str = "auto") -> AsyncGenerator[Client]:
+async def _client(
+    served: Served, token: str, mode: str = "auto", elicitation_callback: ElicitationFnT | None = None
+) -> AsyncGenerator[Client]:
     # The transport leaves a client it is given open: closed here.
     http = _as(token)
-    async with http, Client(streamable_http_client(served.url, http_client=http), mode=mode) as client:
+    transport = streamable_http_client(served.url, http_client=http)
+    async with http, Client(transport, mode=mode, elicitation_callback=elicitation_callback) as client:
         yield client
 
 
@@ -192,6 +197,7 @@ async def test_one_principals_sessions_and_jobs_are_not_found_for_another(served
                     ("list_files", {"session_id": session_id}),
                     ("download_file", {"session_id": session_id, "path": "mine.txt"}),
                     ("upload_file", {"session_id": session_id, "path": "x.txt", "content": "bob's"}),
+                    ("request_network", {"session_id": session_id, "host": "api.example.org", "reason": "r"}),
                     ("close_session", {"session_id": session_id}),
                 ]
                 for tool, arguments in tries:
@@ -215,6 +221,27 @@ async def test_one_principals_sessions_and_jobs_are_not_found_for_another(served
             finished = _structured(await alice.call_tool("get_job", {"job_id": job_id, "wait": 30}))
             assert finished["status"] == "finished" and finished["stdout"] == "done\n"
             assert not (await alice.call_tool("close_session", {"session_id": session_id})).is_error
+
+
+async def test_over_stateless_http_the_person_is_asked_in_the_calls_result(served: Served) -> None:
+    """Stateless HTTP cannot carry a request from the server mid-call; from 2026-07-28 the question rides the
+    call's result and the client's retry, so asking works there too."""
+    asked: list[str] = []
+
+    async def person(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+        asked.append(params.message)
+        return ElicitResult(action="accept", content={"allow": True})
+
+    with anyio.fail_after(120):
+        async with _client(served, ALICE, elicitation_callback=person) as alice:
+            session_id = _structured(await alice.call_tool("create_session", {"network": []}))["session_id"]
+            try:
+                arguments = {"session_id": session_id, "host": "api.example.org", "reason": "the API"}
+                answer = _structured(await alice.call_tool("request_network", arguments))
+            finally:
+                await alice.call_tool("close_session", {"session_id": session_id})
+    assert answer["decision"] == "granted" and answer["allowed_hosts"] == ["api.example.org"]
+    assert len(asked) == 1 and session_id in asked[0]
 
 
 async def test_calls_past_a_principals_quota_are_refused_while_others_call_on(served: Served) -> None:

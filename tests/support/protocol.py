@@ -26,6 +26,7 @@ TOOLS = {
     "create_session",
     "close_session",
     "list_sessions",
+    "request_network",
     "upload_file",
     "download_file",
     "list_files",

@@ -29,6 +29,7 @@ HINTS = {
     "create_session": (False, False, False, True),
     "close_session": (False, True, True, False),
     "list_sessions": (True, False, True, False),
+    "request_network": (False, False, False, True),
     "upload_file": (False, True, True, False),
     "download_file": (False, True, True, False),
     "list_files": (True, False, True, False),

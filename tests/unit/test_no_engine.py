@@ -23,6 +23,7 @@ CALLS: dict[str, dict[str, Any]] = {
     "create_session": {},
     "close_session": {"session_id": "s-0000000000000000"},
     "list_sessions": {},
+    "request_network": {"session_id": "s-0000000000000000", "host": "api.example.org", "reason": "x"},
     "upload_file": {"session_id": "s-0000000000000000", "path": "a.txt", "content": "x"},
     "download_file": {"session_id": "s-0000000000000000", "path": "a.txt"},
     "list_files": {"session_id": "s-0000000000000000"},
