@@ -2,8 +2,8 @@
 and the one place in a request it goes (a header, a query parameter or a JSON body field).
 
 The file is read at start-up (its shape and its permissions: refused when group or others may read or write
-it); a value from a variable or a file is read only when a session asks for the secret. No message here ever
-carries a value: errors name the secret and the problem.
+it); a value from a variable, a file or a command is read only when a session asks for the secret. No message
+here ever carries a value, nor a command's output: errors name the secret and the problem.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import os
 import re
 import stat
+import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +21,12 @@ from typing import Literal, cast
 from llm_sandbox_mcp.host_rules import HostRule
 
 SETTING = "SANDBOX_SECRETS_FILE"
-SecretSource = Literal["value", "value_env", "value_file"]
+SecretSource = Literal["value", "value_env", "value_file", "value_command"]
 PlaceKind = Literal["header", "query", "json_field"]
-_SOURCES: tuple[SecretSource, ...] = ("value", "value_env", "value_file")
+_SOURCES: tuple[SecretSource, ...] = ("value", "value_env", "value_file", "value_command")
+# A command that prints a value (a secret manager's client): its time, and how much of its output is read.
+COMMAND_SECONDS = 15.0
+_COMMAND_OUTPUT = 64 * 1024
 _PLACES: tuple[PlaceKind, ...] = ("header", "query", "json_field")
 _KEYS = frozenset({*_SOURCES, *_PLACES, "hosts", "format"})
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -85,35 +89,64 @@ class SecretPlace:
 @dataclass(frozen=True)
 class SecretSpec:
     """One declared secret. `source` says where the value comes from; `origin` is the inline value (never
-    shown), the variable's name or the file's path."""
+    shown), the variable's name, the file's path, or the command's arguments (`value_command`)."""
 
     name: str
     source: SecretSource
-    origin: str = field(repr=False)
+    origin: str | tuple[str, ...] = field(repr=False)
     hosts: tuple[HostRule, ...]
     place: SecretPlace
 
     def read_value(self, environ: Mapping[str, str] | None = None) -> str:
         """The value now. Raises SecretUnavailable."""
         environ = os.environ if environ is None else environ
-        if self.source == "value":
-            value = self.origin
+        origin = self.origin
+        if isinstance(origin, tuple):
+            value = self._run(origin, environ)
+        elif self.source == "value":
+            value = origin
         elif self.source == "value_env":
-            if not environ.get(self.origin):
-                raise SecretUnavailable(f"secret {self.name}: the variable {self.origin} is not set for the server")
-            value = environ[self.origin]
+            if not environ.get(origin):
+                raise SecretUnavailable(f"secret {self.name}: the variable {origin} is not set for the server")
+            value = environ[origin]
         else:
             try:
-                value = Path(self.origin).read_text(encoding="utf-8").strip("\r\n")
+                value = Path(origin).read_text(encoding="utf-8").strip("\r\n")
             except (OSError, UnicodeDecodeError) as exc:
                 reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-                raise SecretUnavailable(
-                    f"secret {self.name}: its file {self.origin} cannot be read ({reason})"
-                ) from None
+                raise SecretUnavailable(f"secret {self.name}: its file {origin} cannot be read ({reason})") from None
         problem = value_problem(value)
         if problem is not None:
             raise SecretUnavailable(f"secret {self.name}: its value {problem}")
         return value
+
+    def _run(self, argv: tuple[str, ...], environ: Mapping[str, str]) -> str:
+        """The first line a command prints, run with the server's environment and no shell or input. Its output
+        and its error text are never repeated: they may hold the value."""
+        try:
+            done = subprocess.run(
+                argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=COMMAND_SECONDS, env=dict(environ),
+                check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise SecretUnavailable(
+                f"secret {self.name}: its command {argv[0]} did not finish in {COMMAND_SECONDS:g} s"
+            ) from None
+        except OSError as exc:
+            raise SecretUnavailable(
+                f"secret {self.name}: its command {argv[0]} cannot be run ({exc.strerror or type(exc).__name__})"
+            ) from None
+        if done.returncode != 0:
+            raise SecretUnavailable(f"secret {self.name}: its command {argv[0]} exited with status {done.returncode}")
+        try:
+            text = done.stdout[:_COMMAND_OUTPUT].decode("utf-8")
+        except UnicodeDecodeError:
+            raise SecretUnavailable(f"secret {self.name}: its command {argv[0]} printed no UTF-8 text") from None
+        lines = text.strip("\r\n").splitlines()
+        if len(lines) != 1:
+            printed = "nothing" if not lines else f"{len(lines)} lines"
+            raise SecretUnavailable(f"secret {self.name}: its command {argv[0]} printed {printed}, not one line")
+        return lines[0]
 
     def bound_to(self, host: str, port: int) -> bool:
         return any(rule.covers(host) and port in rule.ports for rule in self.hosts)
@@ -169,9 +202,13 @@ def _spec(name: str, entry: object) -> SecretSpec:
         raise problem(f"unknown key {unknown[0]!r} (known: {', '.join(sorted(_KEYS))})")
     sources: list[SecretSource] = [source for source in _SOURCES if source in fields]
     if len(sources) != 1:
-        raise problem('give exactly one of "value", "value_env", "value_file"')
+        raise problem('give exactly one of "value", "value_env", "value_file", "value_command"')
     source = sources[0]
     origin = fields[source]
+    if source == "value_command":
+        return SecretSpec(
+            name, source, _argv(origin, problem), _hosts(fields.get("hosts"), problem), _place(fields, problem)
+        )
     if not isinstance(origin, str) or not origin:
         raise problem(f'"{source}" must be a non-empty string')
     if source == "value":
@@ -179,6 +216,16 @@ def _spec(name: str, entry: object) -> SecretSpec:
         if trouble is not None:
             raise problem(f"its value {trouble}")
     return SecretSpec(name, source, origin, _hosts(fields.get("hosts"), problem), _place(fields, problem))
+
+
+def _argv(origin: object, fail: Callable[[str], ValueError]) -> tuple[str, ...]:
+    """A command as its arguments (run with no shell, so nothing in them is interpreted)."""
+    if not isinstance(origin, list) or not origin:
+        raise fail('"value_command" must be a non-empty list of arguments, e.g. ["op", "read", "op://vault/item"]')
+    argv = cast("list[object]", origin)
+    if not all(isinstance(part, str) and part and "\x00" not in part for part in argv):
+        raise fail('"value_command": each argument must be a non-empty string')
+    return tuple(cast("list[str]", argv))
 
 
 def _hosts(hosts: object, fail: Callable[[str], ValueError]) -> tuple[HostRule, ...]:

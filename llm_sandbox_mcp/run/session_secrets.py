@@ -25,22 +25,41 @@ from llm_sandbox_mcp.secret_specs import SETTING, SecretSpec, SecretUnavailable,
 CA_DIR = "/tmp/llm-sandbox-ca"
 CA_FILE = f"{CA_DIR}/proxy-ca.pem"
 BUNDLE_FILE = f"{CA_DIR}/bundle.pem"
+JAVA_TRUST_STORE = f"{CA_DIR}/java-cacerts.p12"
+# The JDK's own store's password, as every JDK ships it (it guards nothing: a trust store holds no secret).
+_JAVA_STORE_PASSWORD = "changeit"
 # The system's store where the image keeps it (Debian, Fedora, Alpine), then the proxy's CA after it.
 _SYSTEM_BUNDLES = "/etc/ssl/certs/ca-certificates.crt /etc/pki/tls/certs/ca-bundle.crt /etc/ssl/cert.pem"
+# Where there is a JDK, its own trust store plus the proxy's CA, for JVM clients (Java reads no PEM bundle).
+# Without one, an empty file stands in: no JVM there to read it.
+_JAVA_STORE = (
+    f"if command -v keytool >/dev/null 2>&1; then "
+    f'jdk=$(dirname "$(dirname "$(readlink -f "$(command -v keytool)")")") && '
+    f'cp "$jdk/lib/security/cacerts" {JAVA_TRUST_STORE} && chmod 644 {JAVA_TRUST_STORE} && '
+    f"keytool -importcert -noprompt -alias llm-sandbox-egress-proxy -file {CA_FILE} -keystore {JAVA_TRUST_STORE} "
+    f"-storepass {_JAVA_STORE_PASSWORD} >/dev/null; "
+    f"else : > {JAVA_TRUST_STORE}; fi"
+)
 TRUST_SCRIPT = (
     f"umask 022 && mkdir -p {CA_DIR} && cat > {CA_FILE} && : > {BUNDLE_FILE} && "
     f'for f in {_SYSTEM_BUNDLES}; do if [ -r "$f" ]; then cat "$f" > {BUNDLE_FILE}; break; fi; done && '
-    f"cat {CA_FILE} >> {BUNDLE_FILE}"
+    f"cat {CA_FILE} >> {BUNDLE_FILE} && {_JAVA_STORE}"
 )
 
 
 def trust_env() -> dict[str, str]:
-    """Variables that make OpenSSL, Python's requests, curl and Node trust the proxy's CA too."""
+    """Variables that make OpenSSL, Python's requests, curl, Node and the JVM trust the proxy's CA too (the JVM's
+    options are added to the proxy's, see `run.environment`)."""
+    java = (
+        f"-Djavax.net.ssl.trustStore={JAVA_TRUST_STORE} -Djavax.net.ssl.trustStoreType=PKCS12 "
+        f"-Djavax.net.ssl.trustStorePassword={_JAVA_STORE_PASSWORD}"
+    )
     return {
         "SSL_CERT_FILE": BUNDLE_FILE,
         "REQUESTS_CA_BUNDLE": BUNDLE_FILE,
         "CURL_CA_BUNDLE": BUNDLE_FILE,
         "NODE_EXTRA_CA_CERTS": CA_FILE,
+        "JAVA_TOOL_OPTIONS": java,
     }
 
 

@@ -143,7 +143,8 @@ class SessionRegistry:
                 )
         limits = self._limits(memory, cpus, network is True)
         policy = self._egress(network) if isinstance(network, list) and self._proxied(network) else None
-        routes = self.secrets.bind(secrets, policy) if secrets else None
+        # In a thread: a value may come from a command (a secret manager's client) that takes its time.
+        routes = await anyio.to_thread.run_sync(self.secrets.bind, secrets, policy) if secrets else None
         session_id = f"s-{token_hex(8)}"
         self._creating[owner] = self._creating.get(owner, 0) + 1
         listener = open_listener(policy, f"session {session_id}", routes) if policy is not None else None

@@ -63,7 +63,7 @@ def declared() -> Iterator[Secrets]:
 
 @asynccontextmanager
 async def _session(
-    request: pytest.FixtureRequest, engine: str, declared: Secrets
+    request: pytest.FixtureRequest, engine: str, declared: Secrets, language: str = "python"
 ) -> AsyncGenerator[tuple[SessionRegistry, Session]]:
     await require(request, engine)
     service = declared.service
@@ -81,7 +81,7 @@ async def _session(
         async with Executor(settings, backend) as executor:
             sessions = SessionRegistry(settings, executor)
             try:
-                session = await sessions.create("python", [], network=network, secrets=sorted(declared.values))
+                session = await sessions.create(language, [], network=network, secrets=sorted(declared.values))
                 yield sessions, session
             finally:
                 await sessions.aclose()
@@ -176,6 +176,35 @@ async def test_a_secret_reaches_its_bound_host_at_its_bound_place_and_nowhere_el
     # What the code printed reaches the client with the placeholders, and no value anywhere.
     assert f"printed: {ph_token} {ph_key} {ph_field}" in result.stdout
     assert not any(value in result.stdout + result.stderr for value in values.values())
+
+
+# A JVM client with nothing but the JDK: its proxy and its trust store come from the session's JAVA_TOOL_OPTIONS.
+JAVA_CLIENT = """
+import java.net.*;
+public class Main {{
+    public static void main(String[] args) throws Exception {{
+        HttpURLConnection bound = (HttpURLConnection) URI.create("{bound}/java").toURL().openConnection();
+        bound.setRequestProperty("Authorization", "Bearer " + System.getenv("API_TOKEN"));
+        System.out.println(bound.getResponseCode() + " " + new String(bound.getInputStream().readAllBytes()));
+    }}
+}}
+"""
+
+
+@pytest.mark.parametrize("engine", [pytest.param("docker", marks=pytest.mark.docker)])
+async def test_a_jvm_client_trusts_the_proxy_for_a_bound_host_with_nothing_but_the_jdk(
+    request: pytest.FixtureRequest, engine: str, declared: Secrets
+) -> None:
+    """Java reads no PEM bundle: the session gets the JDK's own trust store plus the proxy's CA, and the proxy's
+    options beside it in the one variable the JVM reads."""
+    service = declared.service
+    service.received.clear()
+    async with _session(request, engine, declared, "java") as (sessions, session):
+        code = JAVA_CLIENT.format(bound=service.url("", service.ports[0]))
+        result = await sessions.execute(session.id, code, [], 120)
+    assert (result.exit_code, result.stdout) == (0, "200 ok\n"), result.stderr
+    (record,) = [record for record in service.received if " /java " in record.line]
+    assert record.headers["Authorization"] == f"Bearer {declared.values['API_TOKEN']}"
 
 
 def _carries_none(record: Received, values: dict[str, str]) -> bool:

@@ -69,6 +69,9 @@ def test_a_declaration_is_read_with_its_defaults(tmp_path: Path) -> None:
         ({"value": VALUE, "hosts": ["a.example"], "query": "k", "format": "{}"}, "applies to a header only"),
         ({"value": VALUE, "hosts": ["a.example"], "value_from": "x"}, "unknown key 'value_from'"),
         ({"value": VALUE + "\n", "hosts": ["a.example"]}, "not printable ASCII"),
+        ({"value_command": "op read x", "hosts": ["a.example"]}, "non-empty list of arguments"),
+        ({"value_command": ["op", ""], "hosts": ["a.example"]}, "each argument must be a non-empty string"),
+        ({"value_command": ["op"], "value": VALUE, "hosts": ["a.example"]}, 'exactly one of "value"'),
     ],
 )
 def test_a_malformed_declaration_names_the_secret_and_the_problem_never_the_value(
@@ -116,6 +119,58 @@ def test_a_value_is_read_when_asked_for_and_its_absence_is_named(tmp_path: Path)
         specs["FROM_FILE"].read_value()
     value_file.write_text(VALUE + "\n")
     assert specs["FROM_FILE"].read_value() == VALUE
+
+
+def test_a_command_s_one_line_is_the_value_and_its_output_never_shows_in_an_error(tmp_path: Path) -> None:
+    """A secret manager's client prints the value: run with no shell (a `;` is an argument), with the server's
+    environment; a failure names the command and why, never what it printed."""
+    script = tmp_path / "manager"
+    script.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        '  ok) printf "%s\\n" "$TOKEN_FOR_TEST";;\n'
+        '  two) printf "%s\\nsecond\\n" "$TOKEN_FOR_TEST";;\n'
+        '  fail) echo "$TOKEN_FOR_TEST" >&2; echo "$TOKEN_FOR_TEST"; exit 3;;\n'
+        '  args) printf "%s|%s\\n" "$2" "$#";;\n'
+        "esac\n"
+    )
+    script.chmod(0o700)
+    specs = load_secret_specs(
+        _file(
+            tmp_path,
+            {
+                name.upper(): {"value_command": [str(script), *arguments], "hosts": ["a.example"]}
+                for name, arguments in {
+                    "ok": ["ok"],
+                    "two": ["two"],
+                    "fail": ["fail"],
+                    "args": ["args", "a;b $(x)"],
+                    "none": [],
+                }.items()
+            }
+            | {"MISSING": {"value_command": [str(tmp_path / "no-such-manager")], "hosts": ["a.example"]}},
+        )
+    )
+    environ = {"TOKEN_FOR_TEST": VALUE, "PATH": "/usr/bin:/bin"}
+    assert specs["OK"].read_value(environ) == VALUE
+    assert specs["ARGS"].read_value(environ) == "a;b $(x)|2"
+    for name, problem in [
+        ("TWO", "printed 2 lines, not one line"),
+        ("FAIL", "exited with status 3"),
+        ("NONE", "printed nothing"),
+        ("MISSING", "cannot be run"),
+    ]:
+        with pytest.raises(SecretUnavailable, match=f"{name}: its command .*{problem}") as failure:
+            specs[name].read_value(environ)
+        assert VALUE not in str(failure.value)
+    assert VALUE not in repr(specs)
+
+
+def test_a_command_that_hangs_is_given_up_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("llm_sandbox_mcp.secret_specs.COMMAND_SECONDS", 0.5)
+    specs = load_secret_specs(_file(tmp_path, {"SLOW": {"value_command": ["sleep", "30"], "hosts": ["a.example"]}}))
+    with pytest.raises(SecretUnavailable, match="SLOW: its command sleep did not finish in 0.5 s"):
+        specs["SLOW"].read_value({"PATH": "/usr/bin:/bin"})
 
 
 def _policy(*hosts: str) -> EgressPolicy:
