@@ -28,6 +28,7 @@ from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import ConfigError
 from llm_sandbox_mcp.server.bearer_tokens import SETTING, TokenFile
 from llm_sandbox_mcp.server.call_gate import CallGate, audit_log
+from llm_sandbox_mcp.server.health import health_routes
 from llm_sandbox_mcp.server.oauth import OAuthConfig, unavailable_response
 from llm_sandbox_mcp.server.state import AppState
 from llm_sandbox_mcp.server.verifier import Verifier
@@ -155,13 +156,14 @@ def build_app(
     authentication: Authentication,
     backend: Backend | None = None,
 ) -> tuple[Starlette, Verifier | None]:
-    """The ASGI app: the SDK's streamable-HTTP app of our server, its token verifier and our call gate; and the
-    verifier, to close when serving ends. `backend` replaces the configured engine (tests pass a fake)."""
+    """The ASGI app: the SDK's streamable-HTTP app of our server, its token verifier and our call gate, and the
+    probes (server/health.py); and the verifier, to close when serving ends. `backend` replaces the configured
+    engine (tests pass a fake)."""
     from llm_sandbox_mcp.server.app import build_server
 
     auth: dict[str, Any] = {}
     verifier = None
-    routes: list[Route] = []
+    routes: list[Route] = health_routes(state)
     if authentication.enabled:
         verifier = Verifier(authentication.tokens, authentication.oauth)
         auth = {"token_verifier": verifier, "auth": _auth_settings(listen, authentication.oauth)}

@@ -7,7 +7,6 @@ metadata, and the authorization server being unreachable or broken must be 503: 
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import AsyncGenerator, Generator
 from contextlib import asynccontextmanager
@@ -18,17 +17,16 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-import uvicorn
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import ConfigError
-from llm_sandbox_mcp.server.http import build_app, check_authentication, parse_listen
-from llm_sandbox_mcp.server.state import AppState
+from llm_sandbox_mcp.server.http import check_authentication, parse_listen
 from tests.support.authorization_server import CLIENT_ID, CLIENT_SECRET, AuthorizationServer, authorization_server
 from tests.support.fakes import FakeBackend
+from tests.support.http_serving import serving
 
 pytestmark = pytest.mark.anyio
 
@@ -78,23 +76,11 @@ def _settings(tmp_path: Path, double: AuthorizationServer, port: int, **extra: A
 
 @asynccontextmanager
 async def _serving(tmp_path: Path, double: AuthorizationServer, **extra: Any) -> AsyncGenerator[Served]:
-    sock = socket.create_server(("127.0.0.1", 0))
-    port: int = sock.getsockname()[1]
-    settings = _settings(tmp_path, double, port, **extra)
-    listen = parse_listen(f"127.0.0.1:{port}")
-    authentication = check_authentication(settings, listen, unauthenticated_loopback=False)
-    app, verifier = build_app(settings, AppState(settings, over_http=True), listen, authentication, FakeBackend())
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="on"))
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(server.serve, [sock])
-        while not server.started:  # noqa: ASYNC110 - uvicorn has a flag, no event
-            await anyio.sleep(0.01)
-        try:
-            yield Served(f"http://127.0.0.1:{port}/mcp", settings.sandbox_http_oauth_resource or "", double)
-        finally:
-            server.should_exit = True
-    assert verifier is not None
-    await verifier.aclose()
+    def settings_for(port: int) -> Settings:
+        return _settings(tmp_path, double, port, **extra)
+
+    async with serving(settings_for, FakeBackend()) as (base, settings):
+        yield Served(f"{base}/mcp", settings.sandbox_http_oauth_resource or "", double)
 
 
 async def _post(served: Served, token: str | None, authorization: bytes | None = None) -> httpx2.Response:
