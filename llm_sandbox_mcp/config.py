@@ -226,6 +226,8 @@ class Settings(BaseSettings):
     sandbox_http_max_sessions_per_principal: PositiveInt = 4
     sandbox_http_max_jobs_per_principal: PositiveInt = 4
     sandbox_http_max_body: Size = 4 * 1024**2
+    sandbox_http_request_timeout: PositiveFloat = 30.0
+    sandbox_http_max_connections: PositiveInt = 256
     sandbox_http_oauth_issuer: str | None = None
     sandbox_http_oauth_introspection_url: str | None = None
     sandbox_http_oauth_resource: str | None = None

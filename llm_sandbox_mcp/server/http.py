@@ -34,6 +34,8 @@ from llm_sandbox_mcp.server.state import AppState
 from llm_sandbox_mcp.server.verifier import Verifier
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from llm_sandbox_mcp.backends import Backend
 
 logger = logging.getLogger(__name__)
@@ -187,6 +189,23 @@ def build_app(
     return app, verifier
 
 
+def uvicorn_config(app: Starlette, settings: Settings) -> uvicorn.Config:
+    """How uvicorn serves the app: HTTP/1.1 with the bounds on slow clients and open connections
+    (server/connections.py), its logs where ours go, no Server header, a grace for calls at a stop."""
+    import uvicorn
+
+    from llm_sandbox_mcp.server.connections import bounded_protocol
+
+    return uvicorn.Config(
+        app,
+        http=bounded_protocol(settings.sandbox_http_request_timeout, settings.sandbox_http_max_connections),
+        log_config=None,  # uvicorn's loggers go where ours do: stderr
+        proxy_headers=False,
+        server_header=False,
+        timeout_graceful_shutdown=GRACE_SECONDS,
+    )
+
+
 async def serve_http(settings: Settings, listen: Listen, authentication: Authentication) -> None:
     """Serve until SIGINT, SIGTERM or SIGHUP: calls in progress get GRACE_SECONDS, then every sandbox goes."""
     import uvicorn
@@ -199,13 +218,7 @@ async def serve_http(settings: Settings, listen: Listen, authentication: Authent
     except OSError as exc:
         raise ConfigError([f"--http {listen.host}:{listen.port}: cannot listen there: {exc.strerror or exc}"]) from None
     audit_log.setLevel(logging.INFO)  # the audit trail stays on whatever SANDBOX_LOG_LEVEL says
-    config = uvicorn.Config(
-        app,
-        log_config=None,  # uvicorn's loggers go where ours do: stderr
-        proxy_headers=False,
-        server_header=False,
-        timeout_graceful_shutdown=GRACE_SECONDS,
-    )
+    config = uvicorn_config(app, settings)
     server = uvicorn.Server(config)
     if sys.platform != "win32":
         # uvicorn stops on SIGINT and SIGTERM; a hang-up stops the same way.

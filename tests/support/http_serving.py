@@ -12,7 +12,7 @@ import uvicorn
 
 from llm_sandbox_mcp.backends import Backend
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.server.http import build_app, check_authentication, parse_listen
+from llm_sandbox_mcp.server.http import build_app, check_authentication, parse_listen, uvicorn_config
 from llm_sandbox_mcp.server.state import AppState
 
 
@@ -28,7 +28,7 @@ async def serving(
     listen = parse_listen(f"127.0.0.1:{port}")
     authentication = check_authentication(settings, listen, unauthenticated_loopback)
     app, verifier = build_app(settings, AppState(settings, over_http=True), listen, authentication, backend)
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="on", server_header=False))
+    server = uvicorn.Server(uvicorn_config(app, settings))
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(server.serve, [sock])
         while not server.started:  # noqa: ASYNC110 - uvicorn has a flag, no event
@@ -37,5 +37,6 @@ async def serving(
             yield f"http://127.0.0.1:{port}", settings
         finally:
             server.should_exit = True
+    sock.close()
     if verifier is not None:
         await verifier.aclose()
