@@ -43,12 +43,12 @@ def _parser() -> argparse.ArgumentParser:
         "--http",
         metavar="HOST:PORT",
         help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio; needs SANDBOX_HTTP_TOKENS_FILE "
-        "(see docs/http.md)",
+        "or the SANDBOX_HTTP_OAUTH_* settings (see docs/http.md)",
     )
     serve.add_argument(
         "--allow-unauthenticated-loopback",
         action="store_true",
-        help="with --http on a loopback address and no SANDBOX_HTTP_TOKENS_FILE: serve without authentication, "
+        help="with --http on a loopback address and neither tokens file nor OAuth: serve without authentication, "
         "every process and user of this machine as one principal",
     )
     commands.add_parser("doctor", help="check which backends are usable here")
@@ -141,8 +141,8 @@ def _serve_http(settings: Settings, listen_text: str, unauthenticated_loopback: 
 
     try:
         listen = parse_listen(listen_text)
-        tokens = check_authentication(settings, listen, unauthenticated_loopback)
-        anyio.run(serve_http, settings, listen, tokens)
+        authentication = check_authentication(settings, listen, unauthenticated_loopback)
+        anyio.run(serve_http, settings, listen, authentication)
     except ConfigError as exc:
         for line in exc.problems:
             sys.stderr.write(f"llm-sandbox-mcp: {line}\n")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Annotated, Literal, get_args
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -90,6 +91,45 @@ HostList = Annotated[list[str], NoDecode, BeforeValidator(_split_commas), AfterV
 KeyValues = Annotated[dict[str, str], NoDecode, BeforeValidator(_split_pairs)]
 Size = Annotated[int, BeforeValidator(parse_size)]
 SizeOrZero = Annotated[int, BeforeValidator(parse_size_or_zero)]
+
+
+_OAUTH_URLS = ("sandbox_http_oauth_issuer", "sandbox_http_oauth_introspection_url", "sandbox_http_oauth_resource")
+
+
+def _check_url(field: str, value: str) -> None:
+    """An absolute http(s) URL without a fragment; plain http only to a loopback host (a token crosses it)."""
+    name = env_name(field)
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.fragment:
+        raise ValueError(f"{name} must be an absolute https:// URL without a fragment (got {value!r})")
+    if parts.scheme == "http" and parts.hostname not in ("localhost", "127.0.0.1", "::1"):
+        raise ValueError(f"{name} must be https:// (plain http only to localhost, 127.0.0.1 or [::1])")
+
+
+def _check_oauth(settings: Settings) -> None:
+    given = [field for field in _OAUTH_URLS if getattr(settings, field) is not None]
+    if not given:
+        extra = ("sandbox_http_oauth_scopes", "sandbox_http_oauth_client_id", "sandbox_http_oauth_client_secret_file")
+        for field in extra:
+            if getattr(settings, field):
+                raise ValueError(f"{env_name(field)} is set without {', '.join(env_name(f) for f in _OAUTH_URLS)}")
+        return
+    if len(given) != len(_OAUTH_URLS):
+        missing = ", ".join(env_name(field) for field in _OAUTH_URLS if field not in given)
+        raise ValueError(f"OAuth needs {missing} too: the issuer, its introspection endpoint and this server's URL")
+    for field in _OAUTH_URLS:
+        _check_url(field, getattr(settings, field))
+    resource = urlsplit(settings.sandbox_http_oauth_resource or "")
+    if resource.path != "/mcp" or resource.query:
+        raise ValueError(
+            "SANDBOX_HTTP_OAUTH_RESOURCE must be the URL clients use for this server's /mcp, e.g. "
+            "https://sandbox.example.org/mcp"
+        )
+    if (settings.sandbox_http_oauth_client_id is None) != (settings.sandbox_http_oauth_client_secret_file is None):
+        raise ValueError(
+            "SANDBOX_HTTP_OAUTH_CLIENT_ID and SANDBOX_HTTP_OAUTH_CLIENT_SECRET_FILE go together: the credentials "
+            "this server presents to the introspection endpoint"
+        )
 
 
 class Settings(BaseSettings):
@@ -187,6 +227,14 @@ class Settings(BaseSettings):
     sandbox_http_max_sessions_per_principal: PositiveInt = 4
     sandbox_http_max_jobs_per_principal: PositiveInt = 4
     sandbox_http_max_body: Size = 4 * 1024**2
+    sandbox_http_request_timeout: PositiveFloat = 30.0
+    sandbox_http_max_connections: PositiveInt = 256
+    sandbox_http_oauth_issuer: str | None = None
+    sandbox_http_oauth_introspection_url: str | None = None
+    sandbox_http_oauth_resource: str | None = None
+    sandbox_http_oauth_scopes: CommaList = []
+    sandbox_http_oauth_client_id: str | None = None
+    sandbox_http_oauth_client_secret_file: Path | None = None
 
     @field_validator("sandbox_secrets_file")
     @classmethod
@@ -225,6 +273,7 @@ class Settings(BaseSettings):
             )
         if self.sandbox_user.split(":")[0] == "0":
             raise ValueError("SANDBOX_USER must not be root (uid 0); user code never runs as root")
+        _check_oauth(self)
         return self
 
     def memory_budget(self) -> int:

@@ -4,7 +4,7 @@ The file holds one `principal token` pair per line; a line whose first non-blank
 comment. One principal may have several tokens (to rotate them); a token names one principal only. The file
 must be readable by its owner only. Errors name the file and the line, never a token. Verification compares
 the token's digest with every known digest in constant time, so neither a match nor its place in the file
-shows in the time it takes. OAuth would be another TokenVerifier in the same place.
+shows in the time it takes. `server/verifier.py` makes it the SDK's TokenVerifier, alone or with OAuth.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-
-from mcp.server.auth.provider import AccessToken
 
 from llm_sandbox_mcp.errors import ConfigError
 from llm_sandbox_mcp.server.principals import NAME
@@ -132,16 +130,3 @@ class TokenFile:
         if not entries:
             raise _refuse(path, "holds no `principal token` line")
         return cls(entries)
-
-
-class FileTokenVerifier:
-    """The SDK's TokenVerifier over a TokenFile: a known token's principal becomes the AccessToken's client_id."""
-
-    def __init__(self, tokens: TokenFile) -> None:
-        self._tokens = tokens
-
-    async def verify_token(self, token: str) -> AccessToken | None:
-        principal = self._tokens.principal_of(token)
-        if principal is None:
-            return None
-        return AccessToken(token=token, client_id=principal, scopes=[])

@@ -27,11 +27,12 @@ _WORD = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
 
 
 def principal_of(request: object) -> str:
-    """The principal the SDK's bearer middleware verified for `request`, or LOCAL where nothing is verified."""
+    """The principal the SDK's bearer middleware verified for `request` (the token's subject: the tokens file's
+    principal, or an OAuth token's `sub`), or LOCAL where nothing is verified."""
     scope: object = getattr(request, "scope", None)
     user = cast("dict[str, object]", scope).get("user") if isinstance(scope, dict) else None
     if isinstance(user, AuthenticatedUser):
-        return user.access_token.client_id
+        return user.access_token.subject or user.access_token.client_id
     return LOCAL
 
 

@@ -1,4 +1,5 @@
-"""`serve --http HOST:PORT`: the same server over the MCP SDK's streamable HTTP, at /mcp, behind bearer tokens.
+"""`serve --http HOST:PORT`: the same server over the MCP SDK's streamable HTTP, at /mcp, behind bearer tokens
+(a tokens file, OAuth access tokens, or both).
 
 Stateless: the SDK keeps no MCP session between requests (every protocol generation is served per request,
 the 2026-07-28 one as the protocol defines it, the earlier ones in the SDK's stateless mode), so nothing of
@@ -14,21 +15,35 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from mcp.server.auth.routes import create_protected_resource_routes
 from mcp.server.auth.settings import AuthSettings
+from pydantic import AnyHttpUrl
 from starlette.applications import Starlette
+from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.routing import Route
 
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import ConfigError
-from llm_sandbox_mcp.server.bearer_tokens import SETTING, FileTokenVerifier, TokenFile
+from llm_sandbox_mcp.server.bearer_tokens import SETTING, TokenFile
 from llm_sandbox_mcp.server.call_gate import CallGate, audit_log
+from llm_sandbox_mcp.server.health import health_routes
+from llm_sandbox_mcp.server.oauth import OAuthConfig, unavailable_response
 from llm_sandbox_mcp.server.state import AppState
+from llm_sandbox_mcp.server.verifier import Verifier
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from llm_sandbox_mcp.backends import Backend
 
 logger = logging.getLogger(__name__)
 
 PATH = "/mcp"
 UNAUTHENTICATED_FLAG = "--allow-unauthenticated-loopback"
+OAUTH_SETTINGS = "SANDBOX_HTTP_OAUTH_ISSUER, _INTROSPECTION_URL and _RESOURCE"
+ROOT_METADATA_PATH = "/.well-known/oauth-protected-resource"
 # How long a stop waits for calls in progress before it cancels them (their sandboxes are removed either way).
 GRACE_SECONDS = 10
 
@@ -65,70 +80,145 @@ def parse_listen(text: str) -> Listen:
     return Listen(host, int(port))
 
 
-def check_authentication(settings: Settings, listen: Listen, unauthenticated_loopback: bool) -> TokenFile | None:
-    """The tokens to serve with, or None where serving without is allowed; else ConfigError saying what to do."""
+@dataclass(frozen=True)
+class Authentication:
+    """How requests are authenticated: a tokens file, an OAuth authorization server, both, or (loopback) neither."""
+
+    tokens: TokenFile | None = None
+    oauth: OAuthConfig | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.tokens is not None or self.oauth is not None
+
+
+def check_authentication(settings: Settings, listen: Listen, unauthenticated_loopback: bool) -> Authentication:
+    """How to authenticate (none where serving without is allowed); else ConfigError saying what to do."""
+    tokens = None
     if settings.sandbox_http_tokens_file is not None:
-        return TokenFile.load(settings.sandbox_http_tokens_file)
+        tokens = TokenFile.load(settings.sandbox_http_tokens_file)
+    authentication = Authentication(tokens, OAuthConfig.from_settings(settings))
+    if authentication.enabled:
+        return authentication
     if not listen.loopback:
         raise ConfigError(
             [
                 f"refusing to serve HTTP on {listen.host}, which is not a loopback address, without authentication: "
-                f"set {SETTING} to a file of `principal token` lines (see docs/http.md)"
+                f"set {SETTING} to a file of `principal token` lines, or {OAUTH_SETTINGS} (see docs/http.md)"
             ]
         )
     if not unauthenticated_loopback:
         raise ConfigError(
             [
                 f"refusing to serve HTTP without authentication: set {SETTING} to a file of `principal token` lines "
-                f"(see docs/http.md), or pass {UNAUTHENTICATED_FLAG} to let every process and user of this machine "
-                "call it as one principal"
+                f"or {OAUTH_SETTINGS} (see docs/http.md), or pass {UNAUTHENTICATED_FLAG} to let every process and "
+                "user of this machine call it as one principal"
             ]
         )
-    return None
+    return authentication
 
 
-def build_app(settings: Settings, state: AppState, listen: Listen, tokens: TokenFile | None) -> Starlette:
-    """The ASGI app: the SDK's streamable-HTTP app of our server, its token verifier and our call gate."""
+def _auth_settings(listen: Listen, oauth: OAuthConfig | None) -> AuthSettings:
+    if oauth is None:
+        # The SDK wants an issuer; with a tokens file alone this server is its own (no OAuth routes are served
+        # without a provider, and no resource metadata without resource_server_url).
+        return AuthSettings(issuer_url=listen.url, resource_server_url=None)  # pyright: ignore[reportArgumentType]
+    return AuthSettings(
+        issuer_url=oauth.issuer,  # pyright: ignore[reportArgumentType]
+        resource_server_url=oauth.resource,  # pyright: ignore[reportArgumentType]
+        required_scopes=list(oauth.scopes) or None,
+        # The SDK compares the token's audience (AccessToken.resource) with the resource URL.
+        validate_token_resource=True,
+    )
+
+
+def _answer_unavailable_with_503(app: Starlette) -> None:
+    """The SDK's authentication middleware answers a verifier's AuthenticationError with a bare 400; a token the
+    authorization server could not verify gets 503 and Retry-After instead (server/oauth.py)."""
+    for middleware in app.user_middleware:
+        if middleware.cls is AuthenticationMiddleware:
+            middleware.kwargs["on_error"] = unavailable_response
+
+
+def _root_metadata_route(oauth: OAuthConfig) -> Route:
+    """The protected resource metadata at the root well-known address too, for clients that look there only
+    (the SDK serves it at /.well-known/oauth-protected-resource/mcp, RFC 9728's address for /mcp)."""
+    route = create_protected_resource_routes(
+        resource_url=AnyHttpUrl(oauth.resource),
+        authorization_servers=[AnyHttpUrl(oauth.issuer)],
+        scopes_supported=list(oauth.scopes) or None,
+    )[0]
+    return Route(ROOT_METADATA_PATH, endpoint=route.endpoint, methods=["GET", "OPTIONS"])
+
+
+def build_app(
+    settings: Settings,
+    state: AppState,
+    listen: Listen,
+    authentication: Authentication,
+    backend: Backend | None = None,
+) -> tuple[Starlette, Verifier | None]:
+    """The ASGI app: the SDK's streamable-HTTP app of our server, its token verifier and our call gate, and the
+    probes (server/health.py); and the verifier, to close when serving ends. `backend` replaces the configured
+    engine (tests pass a fake)."""
     from llm_sandbox_mcp.server.app import build_server
 
     auth: dict[str, Any] = {}
-    if tokens is not None:
-        auth = {
-            "token_verifier": FileTokenVerifier(tokens),
-            # The SDK wants an issuer; with a tokens file this server is its own (no OAuth routes are served
-            # without a provider, and no resource metadata without resource_server_url).
-            "auth": AuthSettings(issuer_url=listen.url, resource_server_url=None),  # pyright: ignore[reportArgumentType]
-        }
+    verifier = None
+    routes: list[Route] = health_routes(state)
+    if authentication.enabled:
+        verifier = Verifier(authentication.tokens, authentication.oauth)
+        auth = {"token_verifier": verifier, "auth": _auth_settings(listen, authentication.oauth)}
+        if authentication.oauth is not None:
+            routes.append(_root_metadata_route(authentication.oauth))
     server = build_server(
-        settings, state=state, middleware=[CallGate(settings.sandbox_http_max_calls_per_principal)], **auth
+        settings,
+        backend,
+        state=state,
+        middleware=[CallGate(settings.sandbox_http_max_calls_per_principal)],
+        **auth,
     )
-    return server.streamable_http_app(
+    app = server.streamable_http_app(
         streamable_http_path=PATH,
         stateless_http=True,
         max_request_body_size=settings.sandbox_http_max_body,
         host=listen.host,
     )
+    app.router.routes.extend(routes)
+    _answer_unavailable_with_503(app)
+    return app, verifier
 
 
-async def serve_http(settings: Settings, listen: Listen, tokens: TokenFile | None) -> None:
+def uvicorn_config(app: Starlette, settings: Settings) -> uvicorn.Config:
+    """How uvicorn serves the app: HTTP/1.1 with the bounds on slow clients and open connections
+    (server/connections.py), its logs where ours go, no Server header, a grace for calls at a stop."""
+    import uvicorn
+
+    from llm_sandbox_mcp.server.connections import bounded_protocol
+
+    return uvicorn.Config(
+        app,
+        http=bounded_protocol(settings.sandbox_http_request_timeout, settings.sandbox_http_max_connections),
+        log_config=None,  # uvicorn's loggers go where ours do: stderr
+        proxy_headers=False,
+        server_header=False,
+        timeout_graceful_shutdown=GRACE_SECONDS,
+    )
+
+
+async def serve_http(settings: Settings, listen: Listen, authentication: Authentication) -> None:
     """Serve until SIGINT, SIGTERM or SIGHUP: calls in progress get GRACE_SECONDS, then every sandbox goes."""
     import uvicorn
 
     state = AppState(settings, over_http=True)
-    app = build_app(settings, state, listen, tokens)
+    app, verifier = build_app(settings, state, listen, authentication)
     try:
         family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
         sock = socket.create_server((listen.host, listen.port), family=family)
     except OSError as exc:
         raise ConfigError([f"--http {listen.host}:{listen.port}: cannot listen there: {exc.strerror or exc}"]) from None
     audit_log.setLevel(logging.INFO)  # the audit trail stays on whatever SANDBOX_LOG_LEVEL says
-    config = uvicorn.Config(
-        app,
-        log_config=None,  # uvicorn's loggers go where ours do: stderr
-        proxy_headers=False,
-        server_header=False,
-        timeout_graceful_shutdown=GRACE_SECONDS,
-    )
+    config = uvicorn_config(app, settings)
     server = uvicorn.Server(config)
     if sys.platform != "win32":
         # uvicorn stops on SIGINT and SIGTERM; a hang-up stops the same way.
@@ -136,10 +226,19 @@ async def serve_http(settings: Settings, listen: Listen, tokens: TokenFile | Non
             server.should_exit = True
 
         signal.signal(signal.SIGHUP, hang_up)
-    if tokens is not None:
-        principals = ", ".join(tokens.principals)
+    if authentication.tokens is not None:
+        principals = ", ".join(authentication.tokens.principals)
         logger.info("Serving MCP over HTTP at %s%s for %s (%s)", listen.url, PATH, principals, SETTING)
-    else:
+    if authentication.oauth is not None:
+        oauth = authentication.oauth
+        logger.info(
+            "Serving MCP over HTTP at %s%s as the OAuth protected resource %s, for tokens of %s",
+            listen.url,
+            PATH,
+            oauth.resource,
+            oauth.issuer,
+        )
+    if not authentication.enabled:
         logger.warning(
             "Serving MCP over HTTP at %s%s WITHOUT authentication (%s): every process and user of this machine "
             "can call it, as one principal",
@@ -147,4 +246,8 @@ async def serve_http(settings: Settings, listen: Listen, tokens: TokenFile | Non
             PATH,
             UNAUTHENTICATED_FLAG,
         )
-    await server.serve(sockets=[sock])
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        if verifier is not None:
+            await verifier.aclose()

@@ -14,8 +14,9 @@ import pytest
 from llm_sandbox_mcp.cli import main
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import ConfigError
-from llm_sandbox_mcp.server.bearer_tokens import FileTokenVerifier, TokenFile
+from llm_sandbox_mcp.server.bearer_tokens import TokenFile
 from llm_sandbox_mcp.server.http import check_authentication, parse_listen
+from llm_sandbox_mcp.server.verifier import Verifier
 
 pytestmark = pytest.mark.anyio
 
@@ -35,10 +36,10 @@ async def test_a_good_file_maps_each_token_to_its_principal(tmp_path: Path) -> N
     text = f"# operators\n\nalice {ALICE}\n   # a comment after blanks\nbob\t{BOB}\nalice {'c' * 32}\n"
     tokens = TokenFile.load(_file(tmp_path, text))
     assert tokens.principals == ["alice", "bob"]
-    verifier = FileTokenVerifier(tokens)
+    verifier = Verifier(tokens, None)
     for token, principal in ((ALICE, "alice"), (BOB, "bob"), ("c" * 32, "alice")):
         access = await verifier.verify_token(token)
-        assert access is not None and access.client_id == principal
+        assert access is not None and access.subject == access.client_id == principal
     for wrong in ("", ALICE[:-1], ALICE + "x", BOB.upper(), "alice"):
         assert await verifier.verify_token(wrong) is None
 
@@ -156,9 +157,9 @@ def test_serving_without_tokens_is_refused_unless_on_loopback_with_the_flag(tmp_
         check_authentication(settings, parse_listen("0.0.0.0:8000"), unauthenticated_loopback=True)
     with pytest.raises(ConfigError, match="or pass --allow-unauthenticated-loopback"):
         check_authentication(settings, parse_listen("127.0.0.1:8000"), unauthenticated_loopback=False)
-    assert check_authentication(settings, parse_listen("[::1]:8000"), unauthenticated_loopback=True) is None
+    assert not check_authentication(settings, parse_listen("[::1]:8000"), unauthenticated_loopback=True).enabled
     with_tokens = Settings(sandbox_http_tokens_file=_file(tmp_path, f"alice {ALICE}\n"))
-    tokens = check_authentication(with_tokens, parse_listen("0.0.0.0:8000"), unauthenticated_loopback=False)
+    tokens = check_authentication(with_tokens, parse_listen("0.0.0.0:8000"), unauthenticated_loopback=False).tokens
     assert tokens is not None and tokens.principals == ["alice"]
 
 

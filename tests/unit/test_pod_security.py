@@ -83,5 +83,6 @@ def test_the_servers_deployment_is_restricted_runs_as_the_bound_account_and_poin
     assert tokens["secret"]["defaultMode"] == 0o400
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == tokens["name"]]
     assert env["SANDBOX_HTTP_TOKENS_FILE"].startswith(mount["mountPath"] + "/")
-    assert container["readinessProbe"] and container["livenessProbe"]
+    probes = {kind: container[f"{kind}Probe"]["httpGet"] for kind in ("readiness", "liveness")}
+    assert probes == {"readiness": {"path": "/readyz", "port": "mcp"}, "liveness": {"path": "/healthz", "port": "mcp"}}
     assert documents["Service"]["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]

@@ -1,0 +1,43 @@
+"""The one TokenVerifier the SDK's bearer middleware is given over HTTP: the operator's tokens file, the
+authorization server (OAuth), or both.
+
+With both, a token the file holds is its principal's, without asking the authorization server (the file is
+checked first, in constant time); any other token goes to the authorization server. A file's principal and an
+OAuth subject of the same name are the same principal: they share sessions, jobs and quotas.
+"""
+
+from __future__ import annotations
+
+from mcp.server.auth.provider import AccessToken
+
+from llm_sandbox_mcp.server.bearer_tokens import TokenFile
+from llm_sandbox_mcp.server.oauth import IntrospectionVerifier, OAuthConfig
+
+
+class Verifier:
+    def __init__(self, tokens: TokenFile | None, oauth: OAuthConfig | None) -> None:
+        self.tokens = tokens
+        self.oauth = oauth
+        self._introspection = IntrospectionVerifier(oauth) if oauth is not None else None
+
+    async def aclose(self) -> None:
+        if self._introspection is not None:
+            await self._introspection.aclose()
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        if self.tokens is not None:
+            principal = self.tokens.principal_of(token)
+            if principal is not None:
+                # The operator's own token: whatever an OAuth token would need (the scopes, this server as its
+                # audience), it has.
+                oauth = self.oauth
+                return AccessToken(
+                    token=token,
+                    client_id=principal,
+                    subject=principal,
+                    scopes=list(oauth.scopes) if oauth else [],
+                    resource=oauth.resource if oauth else None,
+                )
+        if self._introspection is not None:
+            return await self._introspection.verify_token(token)
+        return None
