@@ -22,14 +22,22 @@ from llm_sandbox_mcp.models import OOM_SCORE_ADJ, Limits
 # - ignores the signals it does not use (a shell handles SIGINT even as PID 1, and would end the sandbox with its
 #   session): the code can send them; SIGUSR1, the kill, it can send too, and then kills only its own processes;
 # - writes nothing: its output is /dev/null, so code writing to /proc/1/fd/1 cannot fill the engine's log;
-# - always has one idle child, `sleep`, which it replaces once it ends: `kill_from_outside` watches for that.
+# - always has one idle child, `sleep`, which it replaces once it ends: `kill_from_outside` watches for that;
+# - continues (SIGCONT) every 0.2 s each stopped `runc init`: a process the engine starts in the sandbox (an
+#   exec) runs as the sandbox user before it becomes the program asked for, and code that stops it there holds
+#   every engine call on the container (the exec, the kill, the removal) until it goes on. PID 1 is the one
+#   process of the sandbox user the code cannot stop.
 _INIT_PERL = (
     "use POSIX; my %n = (x86_64 => 157, aarch64 => 167, armv7l => 172, ppc64le => 171, s390x => 172, "
     "riscv64 => 167); my $m = (POSIX::uname())[4]; syscall($n{$m}, 4, 0, 0, 0, 0) if exists $n{$m}; "
     "$SIG{$_} = 'IGNORE' for qw(INT TERM HUP QUIT USR2 ALRM PIPE); $SIG{USR1} = sub { kill 'KILL', -1 }; "
-    "while (1) { my $idle = fork; if (defined $idle && !$idle) { exec 'sleep', '86400'; POSIX::_exit(127) } "
-    "select(undef, undef, undef, 1) unless defined $idle; "
-    "while (1) { my $done = waitpid(-1, 0); last if $done == -1 || (defined $idle && $done == $idle) } }"
+    "$SIG{CHLD} = sub {}; my $idle; while (1) { "
+    "if (!$idle) { $idle = fork; if (defined $idle && !$idle) { exec 'sleep', '86400'; POSIX::_exit(127) } } "
+    "select(undef, undef, undef, 0.2); "
+    "while ((my $done = waitpid(-1, WNOHANG)) > 0) { $idle = undef if $idle && $done == $idle } "
+    "opendir(my $proc, '/proc') or next; for my $pid (grep { /^[0-9]+$/ } readdir $proc) { "
+    "open(my $stat, '<', \"/proc/$pid/stat\") or next; my $line = <$stat> // ''; "
+    "kill 'CONT', $pid if $line =~ /^[0-9]+ [(]runc:[^)]*[)] T / } closedir $proc }"
 )
 INIT = [
     "sh",
