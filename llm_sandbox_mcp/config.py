@@ -35,6 +35,12 @@ LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 _SECURE = Limits()
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
+# The registry settings: URLs (GOPROXY a list of them, GOSUMDB "name[+key] [url]") that the installer is given.
+REGISTRY_SETTINGS = (
+    "sandbox_pip_index_url", "sandbox_npm_registry", "sandbox_goproxy", "sandbox_gosumdb", "sandbox_cran_repo",
+    "sandbox_gem_source", "sandbox_maven_repo",
+)  # fmt: skip
+_URL = re.compile(r"[a-z][a-z0-9+.-]*://[^\s,|]+", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
@@ -236,6 +242,20 @@ class Settings(BaseSettings):
     sandbox_http_oauth_client_id: str | None = None
     sandbox_http_oauth_client_secret_file: Path | None = None
 
+    @field_validator(*REGISTRY_SETTINGS)
+    @classmethod
+    def _no_credentials(cls, value: str | None) -> str | None:
+        # The installer runs every package's own install code, which would read a credential in its environment or
+        # its configuration: refused rather than given to it.
+        urls: list[str] = _URL.findall(value or "")
+        if any("@" in urlsplit(url).netloc for url in urls):
+            raise ValueError(
+                "carries credentials (user:password@ in a URL), which the installer and every package's install "
+                "code would see; give the registry's URL without them, and reach a registry that needs "
+                "credentials through a mirror or proxy of yours that adds them itself"
+            )
+        return value
+
     @field_validator("sandbox_secrets_file")
     @classmethod
     def _secrets_file(cls, path: Path | None) -> Path | None:
@@ -332,7 +352,8 @@ def load_settings() -> Settings:
             message = str(error["msg"]).removeprefix("Value error, ")
             accepted = _accepted(loc[0]) if loc else ""
             got = error.get("input")
-            shown = f" (got {got!r})" if loc and isinstance(got, str) else ""
+            # A registry setting's value may carry a credential: never repeated.
+            shown = f" (got {got!r})" if loc and isinstance(got, str) and loc[0] not in REGISTRY_SETTINGS else ""
             problems.append(f"{name}: {message}{shown}{accepted}")
         raise ConfigError(problems) from None
 

@@ -55,5 +55,9 @@ class SandboxFailure(SandboxError):
     """The engine failed while creating or running a sandbox."""
 
 
+class EngineStalled(SandboxFailure):
+    """An engine call on a sandbox did not return within its bound (the sandbox's processes were killed)."""
+
+
 class OverBudget(SandboxError):
     """Another sandbox would pass the server's memory budget (SANDBOX_MEMORY_BUDGET)."""

@@ -10,19 +10,42 @@ from typing import Any
 from llm_sandbox_mcp.models import OOM_SCORE_ADJ, Limits
 
 # PID 1, in every image that has a POSIX shell. It holds the sandbox open and:
-# - reaps orphans (its `wait` collects any child), so a fork bomb's zombies give their pids back;
+# - is not dumpable (prctl PR_SET_DUMPABLE 0, set before anything else runs in the sandbox): no process of the
+#   sandbox user can open its /proc/1/mem, read /proc/1/environ or ptrace it. The flag does not survive an
+#   execve, so PID 1 is Perl itself (perl-base is in every Debian and Ubuntu image; the prctl number is per
+#   architecture); an image without Perl gets the same loop in sh, dumpable;
+# - reaps orphans (it waits for any child), so a fork bomb's zombies give their pids back;
 # - on SIGUSR1 kills every other process of the sandbox user with one kill(-1). Nothing inside can stop or
 #   dodge that: PID 1 of a PID namespace gets no signal from inside but those it handles (so no SIGSTOP or
 #   SIGKILL), needs no new process (so a full pids limit does not matter), and kill(-1) reaches every
 #   process at once. The engine sends the signal from outside;
 # - ignores the signals it does not use (a shell handles SIGINT even as PID 1, and would end the sandbox with its
 #   session): the code can send them; SIGUSR1, the kill, it can send too, and then kills only its own processes;
-# - writes nothing: its output is /dev/null, so code writing to /proc/1/fd/1 cannot fill the engine's log.
+# - writes nothing: its output is /dev/null, so code writing to /proc/1/fd/1 cannot fill the engine's log;
+# - always has one idle child, `sleep`, which it replaces once it ends: `kill_from_outside` watches for that;
+# - continues (SIGCONT) every 0.2 s each stopped `runc init`: a process the engine starts in the sandbox (an
+#   exec) runs as the sandbox user before it becomes the program asked for, and code that stops it there holds
+#   every engine call on the container (the exec, the kill, the removal) until it goes on. PID 1 is the one
+#   process of the sandbox user the code cannot stop.
+_INIT_PERL = (
+    "use POSIX; my %n = (x86_64 => 157, aarch64 => 167, armv7l => 172, ppc64le => 171, s390x => 172, "
+    "riscv64 => 167); my $m = (POSIX::uname())[4]; syscall($n{$m}, 4, 0, 0, 0, 0) if exists $n{$m}; "
+    "$SIG{$_} = 'IGNORE' for qw(INT TERM HUP QUIT USR2 ALRM PIPE); $SIG{USR1} = sub { kill 'KILL', -1 }; "
+    "$SIG{CHLD} = sub {}; my $idle; while (1) { "
+    "if (!$idle) { $idle = fork; if (defined $idle && !$idle) { exec 'sleep', '86400'; POSIX::_exit(127) } } "
+    "select(undef, undef, undef, 0.2); "
+    "while ((my $done = waitpid(-1, WNOHANG)) > 0) { $idle = undef if $idle && $done == $idle } "
+    "opendir(my $proc, '/proc') or next; for my $pid (grep { /^[0-9]+$/ } readdir $proc) { "
+    "open(my $stat, '<', \"/proc/$pid/stat\") or next; my $line = <$stat> // ''; "
+    "kill 'CONT', $pid if $line =~ /^[0-9]+ [(]runc:[^)]*[)] T / } closedir $proc }"
+)
 INIT = [
     "sh",
     "-c",
-    "exec </dev/null >/dev/null 2>&1; trap '' INT TERM HUP QUIT USR2 ALRM PIPE; trap 'kill -KILL -1' USR1; "
+    'exec </dev/null >/dev/null 2>&1; command -v perl >/dev/null && exec perl -e "$0"; '
+    "trap '' INT TERM HUP QUIT USR2 ALRM PIPE; trap 'kill -KILL -1' USR1; "
     "while :; do sleep 86400 & wait $!; done",
+    _INIT_PERL,
 ]
 KILL_SIGNAL = "SIGUSR1"
 # Where the engine cannot signal PID 1 (Kubernetes), a process of the sandbox asks it to, and is itself

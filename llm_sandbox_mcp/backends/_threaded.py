@@ -17,7 +17,7 @@ import anyio.from_thread
 import anyio.to_thread
 
 from llm_sandbox_mcp.backends import ImageBuild, ImageInfo, SandboxProcess
-from llm_sandbox_mcp.errors import SandboxFailure
+from llm_sandbox_mcp.errors import EngineStalled, SandboxFailure
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, OutputListener, SandboxRef, SandboxSpec, Stream
 
 # An engine call that runs a process returns by itself once the process's timeout has passed (the engine kills
@@ -167,7 +167,7 @@ class Threaded:
             await self._kill_until(ref, call.returned)
             if discard is not None and call.outcome:
                 await discard(call.outcome[0])
-        raise SandboxFailure(f"The {self.name} engine did not {what} within {bound:g} s")
+        raise EngineStalled(f"The {self.name} engine did not {what} within {bound:g} s")
 
     async def _kill_until(self, ref: SandboxRef, returned: threading.Event) -> None:
         """Kill every process in the sandbox, again each second, until a hung engine call has returned (or a

@@ -129,11 +129,14 @@ class Tunnel:
         if self.ended.is_set():
             return False
         self._answered = anyio.Event()
-        try:
-            await self._send(PING, 0)
-        except SandboxFailure:
-            return False
+        # The wait for the send lock is bounded too: a frame of another stream may hold it while the relay, stopped
+        # by the sandbox's code, reads nothing (that frame ends at SEND_SECONDS). A tunnel that fails this is
+        # closed, and the session starts a new relay.
         with anyio.move_on_after(PING_SECONDS):
+            try:
+                await self._send(PING, 0)
+            except SandboxFailure:
+                return False
             await self._answered.wait()
         return self._answered.is_set() and not self.ended.is_set()
 

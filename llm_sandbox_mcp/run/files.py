@@ -17,7 +17,7 @@ import anyio.to_thread
 
 from llm_sandbox_mcp.backends import Backend
 from llm_sandbox_mcp.config import Settings
-from llm_sandbox_mcp.errors import FileTransferError, InvalidRequest
+from llm_sandbox_mcp.errors import EngineStalled, FileTransferError, InvalidRequest
 from llm_sandbox_mcp.models import ExecResult, SandboxRef
 from llm_sandbox_mcp.run.transfer import safe_relative
 
@@ -74,15 +74,33 @@ class Files:
     def __init__(self, settings: Settings, backend: Backend) -> None:
         self.settings = settings
         self.backend = backend
+        # The bound of one transfer. The sandbox's own code may stop (SIGSTOP) or starve what the server starts in
+        # it, as the same user: the transfer ends then, with every process in the sandbox killed.
+        self.deadline = 60.0
 
     async def _script(self, ref: SandboxRef, script: str, args: list[str], stdin: bytes = b"") -> ExecResult:
-        result = await self.backend.exec(
-            ref,
-            ["sh", "-c", script, "sh", *args],
-            timeout=60,
-            stdin=stdin,
-            output_limit=self.settings.sandbox_max_file_size + 1,
+        stalled = (
+            f"The sandbox did not answer within {self.deadline:g} s: its own code may be stopping or starving the "
+            "processes the server starts in it. Every process in it was killed (a session's next cell starts a new "
+            "interpreter); try again"
         )
+        try:
+            result = await self.backend.exec(
+                ref,
+                ["sh", "-c", script, "sh", *args],
+                timeout=self.deadline,
+                stdin=stdin,
+                output_limit=self.settings.sandbox_max_file_size + 1,
+            )
+        except EngineStalled as exc:
+            raise FileTransferError(stalled) from exc
+        if result.timed_out:
+            raise FileTransferError(stalled)
+        if result.exit_code == 137:  # none of the scripts ends so by itself
+            raise FileTransferError(
+                "The transfer's process in the sandbox was killed (exit status 137): the sandbox's own code, or the "
+                f"server at the transfer's deadline of {self.deadline:g} s, killed it; try again"
+            )
         if result.exit_code != 0:
             message = result.stderr.decode("utf-8", errors="replace").strip() or f"exit status {result.exit_code}"
             raise FileTransferError(message)

@@ -406,9 +406,18 @@ class SessionRegistry:
 
     async def usage(self, session: Session) -> dict[str, int | None]:
         """What a session uses now: workspace bytes and, where the sandbox sees its cgroup, memory bytes."""
+        unknown: dict[str, int | None] = {"workspace_bytes": None, "memory_bytes": None}
         if session.lock.locked():
-            return {"workspace_bytes": None, "memory_bytes": None}
-        result = await self.executor.inspect(session.lease, ["sh", "-c", _USAGE], timeout=10, output_limit=256)
+            return unknown
+        # Bounded: the session's own code may stop (SIGSTOP) or starve the reading, which then has no numbers.
+        try:
+            result = await self.executor.inspect(session.lease, ["sh", "-c", _USAGE], timeout=10, output_limit=256)
+        except SandboxFailure as exc:
+            logger.info("No usage reading of session %s: %s", session.id, exc)
+            return unknown
+        if result.timed_out:
+            logger.info("No usage reading of session %s: it did not answer within 10 s", session.id)
+            return unknown
         values = result.stdout.decode("ascii", errors="replace").split()
         workspace = int(values[0]) * 1024 if values and values[0].isdigit() else None
         memory = int(values[1]) if len(values) > 1 and values[1].isdigit() else None

@@ -111,6 +111,8 @@ REMOTE_TESTS = {
             "bombs_and_escapes.py::test_a_library_that_fills_its_store_is_stopped_while_it_installs",
             "boundary.py::test_pid_1_has_no_output_the_code_could_flood",
             "boundary.py::test_orphans_are_reaped_so_their_pids_come_back",
+            "boundary.py::test_pid_1_is_out_of_reach_of_the_code_in_every_kind_of_sandbox",
+            "zygote_attacks.py::test_a_child_masks_every_path_the_engine_masks_in_its_sandboxes",
             "secrets_and_snooping.py::test_the_servers_secrets_are_nowhere_the_code_can_look",
             "secrets_and_snooping.py::test_what_the_engines_mask_of_proc_is_empty_in_every_sandbox",
             "zygote_attacks.py::test_raw_and_packet_sockets_devices_and_kernel_knobs_are_out_of_reach",

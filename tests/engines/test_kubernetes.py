@@ -36,6 +36,7 @@ from llm_sandbox_mcp.models import CacheMount, SandboxSpec
 from tests.engines import kube
 from tests.engines.conftest import engine_settings, require_now
 from tests.engines.test_kubernetes_rbac import deployed_role, granted
+from tests.hostile.test_boundary import STOP_NEWCOMERS
 
 pytestmark = [pytest.mark.anyio, pytest.mark.kubernetes]
 
@@ -480,7 +481,7 @@ async def test_a_process_keeps_its_pipes_open_until_closed(backend: Threaded, na
         await process.aclose()
     await backend.kill_all(ref)
     survivors = await backend.exec(ref, ["sh", "-c", "cat /proc/[0-9]*/comm"], timeout=10)
-    assert [name for name in survivors.stdout.decode().split() if name not in ("sh", "cat")] == ["sleep"]
+    assert [name for name in survivors.stdout.decode().split() if name not in ("perl", "sh", "cat")] == ["sleep"]
 
 
 def test_unreachable_or_unconfigured_clusters_are_unavailable(tmp_path: Path) -> None:
@@ -497,3 +498,32 @@ def test_unreachable_or_unconfigured_clusters_are_unavailable(tmp_path: Path) ->
     with pytest.raises(BackendUnavailable, match=r"API server at http://127.0.0.1:9 .* does not answer"):
         anyio.run(down.describe)
     anyio.run(down.aclose)
+
+
+async def test_a_kill_that_the_pods_own_code_stops_still_ends_everything(
+    backend: Threaded, core: Any, namespace: str
+) -> None:
+    """The API cannot signal a container, so the kill of a timed-out call is a request run inside the pod, which
+    the pod's code may stop (SIGSTOP) like every new process. The kill does not depend on it: stopped before it
+    becomes the request, PID 1 lets it go on (a stopped `runc init` held every call on the container, the
+    request's own included); stopped after, it is not proven within its bound and the pod is deleted (grace 0).
+    Either way nothing of the code is left, and the kill returns."""
+    ref = await backend.create(spec(namespace))
+    stopper = await backend.start(ref, ["python3", "-u", "-c", "print('armed')\n" + STOP_NEWCOMERS])
+    try:
+        heard = b""
+        while b"armed" not in heard:
+            chunk = await stopper.receive(30)
+            assert chunk, "the stopper did not start"
+            heard += chunk
+        with anyio.fail_after(120):  # a bound on a hang, not a timing assertion
+            await backend.kill_all(ref)
+            while await stopper.receive(1) != b"":  # until the stopper's stream ends: it was killed
+                pass
+    finally:
+        await stopper.aclose()
+    pods = read(core.list_namespaced_pod, namespace)["items"]
+    if not any(p["metadata"]["name"] == ref.id and not p["metadata"].get("deletionTimestamp") for p in pods):
+        return  # deleted
+    survivors = await backend.exec(ref, ["sh", "-c", "cat /proc/[0-9]*/comm"], timeout=30)
+    assert [name for name in survivors.stdout.decode().split() if name not in ("perl", "sh", "cat")] == ["sleep"]

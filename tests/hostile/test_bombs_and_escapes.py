@@ -11,6 +11,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from pydantic import ValidationError
 
 from llm_sandbox_mcp.errors import InstallFailed
 from llm_sandbox_mcp.run.executor import Executor
@@ -231,3 +232,38 @@ async def test_a_library_that_fills_its_store_is_stopped_while_it_installs(
             with anyio.fail_after(120), pytest.raises(InstallFailed, match=refusal):
                 await executor.execute(package.code, "javascript", [package.spec])
             await still_answers(executor)
+
+
+# A package whose install script keeps what it can see of its registry settings: its environment and every npm
+# configuration file.
+_CREDENTIAL_SNOOPER = "(env; cat $HOME/.npmrc /etc/npmrc /usr/local/etc/npmrc; npm config list -l) > seen.txt 2>&1"
+_READ_SEEN = (
+    "const fs = require('fs'), path = require('path');\n"
+    "process.stdout.write(fs.readFileSync(path.join(path.dirname(require.resolve('greet-egress')), 'seen.txt')));\n"
+)
+
+
+async def test_registry_credentials_never_reach_the_installer(backend: RecordingBackend, engine: str) -> None:
+    """A registry URL with user:password@ is refused at start, naming the way round it and never repeating the
+    value: before, the installer's environment and configuration carried it, read here by a package's own install
+    script."""
+    name, address = loopback_name()
+    token = "reader-token-" + secrets.token_hex(8)
+    with (
+        tempfile.TemporaryDirectory(prefix="llm-sandbox-credentials-") as tmp,
+        serve(Path(tmp), address, name) as url,
+    ):
+        package = npm_registry(Path(tmp), str(secrets.randbelow(10**9)), url, postinstall=_CREDENTIAL_SNOOPER)
+        credentialed = url.replace("http://", f"http://reader:{token}@", 1)
+        try:
+            settings = engine_settings(engine, sandbox_npm_registry=credentialed, sandbox_install_timeout=300)
+        except ValidationError as exc:
+            (error,) = exc.errors()
+            assert "carries credentials" in error["msg"] and "a mirror or proxy of yours" in error["msg"], error
+            assert token not in error["msg"]
+            return
+        async with Executor(settings, backend) as executor:
+            with anyio.fail_after(300):
+                result = await executor.execute(_READ_SEEN, "javascript", [package.spec])
+        assert result.exit_code == 0 and "PATH=" in result.stdout, result
+        assert token not in result.stdout, "the installer saw the registry's credential"

@@ -10,7 +10,9 @@ import textwrap
 import anyio
 import pytest
 
+from llm_sandbox_mcp.errors import FileTransferError
 from llm_sandbox_mcp.run.executor import Executor
+from llm_sandbox_mcp.run.files import Files
 from llm_sandbox_mcp.run.sessions import SessionRegistry
 
 pytestmark = pytest.mark.anyio
@@ -305,3 +307,94 @@ async def test_signals_the_code_sends_pid_1_do_not_end_its_session(
         assert "the interpreter was lost" in again.stderr, again
         again = await registry.execute(session.id, check, [], 60)
     assert again.stdout == "gone\n" and "restarted" in again.stderr, again
+
+
+# PID 1 from inside: its memory, its environment, a ptrace attach. Each line: what was tried, and "refused" or
+# what was reached.
+PID_1_PROBE = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+for path, flags in (("/proc/1/mem", os.O_RDWR), ("/proc/1/environ", os.O_RDONLY)):
+    try:
+        os.close(os.open(path, flags))  # the kernel checks at open (reading /proc/1/mem at 0 fails anyway)
+        print(path, "reached")
+    except OSError as exc:
+        print(path, "refused" if exc.errno in (1, 13) else f"errno {exc.errno}")
+if libc.ptrace(16, 1, None, None) == 0:  # PTRACE_ATTACH
+    print("ptrace reached")
+else:
+    print("ptrace", "refused" if ctypes.get_errno() in (1, 13) else f"errno {ctypes.get_errno()}")
+"""
+PID_1_REFUSED = ["/proc/1/mem refused", "/proc/1/environ refused", "ptrace refused"]
+# The same in JavaScript (no ptrace from Node without a native module), for a pooled sandbox of the supervisor.
+PID_1_PROBE_JS = """
+const fs = require("fs");
+for (const [path, flags] of [["/proc/1/mem", "r+"], ["/proc/1/environ", "r"]]) {
+  try {
+    fs.closeSync(fs.openSync(path, flags));
+    console.log(path, "reached");
+  } catch (e) {
+    console.log(path, e.code === "EACCES" || e.code === "EPERM" ? "refused" : e.code);
+  }
+}
+"""
+
+
+async def test_pid_1_is_out_of_reach_of_the_code_in_every_kind_of_sandbox(
+    executor: Executor, registry: SessionRegistry
+) -> None:
+    """PID 1 of a pooled sandbox, a zygote child and a session is not dumpable: no process of the sandbox user can
+    write its memory, read its environment or attach to it (before, a container's PID 1 was dumpable, and where
+    Yama allows it /proc/1/mem was writable). The orphan test proves it still reaps."""
+    session = await registry.create("python", [])
+    in_session = await registry.execute(session.id, PID_1_PROBE, [], 60)
+    assert in_session.stdout.splitlines() == PID_1_REFUSED, in_session
+    one_shot = await executor.execute(PID_1_PROBE, timeout=60)
+    assert one_shot.stdout.splitlines() == PID_1_REFUSED, one_shot
+    pooled = await executor.execute(PID_1_PROBE_JS, language="javascript", timeout=60)
+    assert pooled.stdout.splitlines() == PID_1_REFUSED[:2], pooled
+    await still_answers(executor)
+
+
+async def test_a_session_that_stops_every_new_process_cannot_hang_its_file_tools_or_its_description(
+    executor: Executor, registry: SessionRegistry
+) -> None:
+    """A thread of the session's code stops every process that appears once its cell is over, so what the server
+    starts in the sandbox (a file listing, a read, the usage reading) is stopped before it acts. Each ends at its
+    own deadline with a clear result (an error saying so; a description without the reading), the sandbox's
+    processes killed, and the next cell restarts the interpreter. Before, a stopped `runc init` held every Docker
+    call on the container: the listing, its kill and the session's removal each waited out their timeouts."""
+    session = await registry.create("python", [])
+    files = Files(executor.settings, executor.backend)
+    files.deadline = 5.0  # the tools' 60 s, shortened to keep the test short
+    ref = session.lease.ref
+    stopper = "import threading\nthreading.Thread(target=exec, args=(STOP_NEWCOMERS,), daemon=True).start()"
+    stopper = f"STOP_NEWCOMERS = {STOP_NEWCOMERS!r}\n" + stopper
+
+    # Kubernetes may see the transfer killed before its own clock says so.
+    stalled = r"did not answer within 5 s: its own code may be stopping|was killed \(exit status 137\)"
+
+    async def list_files() -> None:
+        with pytest.raises(FileTransferError, match=stalled):
+            await files.list(ref)
+
+    async def read_a_file() -> None:
+        with pytest.raises(FileTransferError, match=stalled):
+            await files.download(ref, "main.py")
+
+    async def describe() -> None:
+        assert await registry.usage(session) == {"workspace_bytes": None, "memory_bytes": None}
+
+    for attempt in (list_files, read_a_file, describe):
+        armed = await registry.execute(session.id, stopper, [], 60)
+        if armed.interpreter_lost:  # killed with the last attempt: this cell says so, the next one restarts it
+            armed = await registry.execute(session.id, stopper, [], 60)
+        assert armed.exit_code == 0, armed
+        with anyio.fail_after(60):  # a bound on a hang, not a timing assertion
+            await attempt()
+    again = await registry.execute(session.id, "print(2)", [], 60)
+    if again.interpreter_lost:
+        assert "the interpreter was lost" in again.stderr, again
+        again = await registry.execute(session.id, "print(2)", [], 60)
+    assert again.stdout == "2\n" and "restarted" in again.stderr, again
+    await still_answers(executor)

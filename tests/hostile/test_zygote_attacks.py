@@ -4,11 +4,13 @@ follow. A child must hold as a pooled sandbox does, and leave the host as unharm
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 import pytest
 
 from llm_sandbox_mcp.run.executor import Executor
+from llm_sandbox_mcp.run.sessions import SessionRegistry
 from tests.engines.test_zygote import TEMPLATE_HOSTS, zygote_executor
 from tests.engines.test_zygote_containers import container_executor
 from tests.hostile import test_bombs_and_escapes as bombs
@@ -81,3 +83,42 @@ async def test_with_a_writable_root_nothing_of_one_call_reaches_the_next(
         seen = await executor.execute("import os\nprint(os.path.exists('/var/tmp/left'))")
         assert (left.stdout, seen.stdout) == ("left\n", "False\n"), (left, seen)
         assert executor.zygote.policy.served == 0
+
+
+# The paths under /proc and /sys that this sandbox has masked (a file behind /dev/null, an empty read-only tmpfs)
+# and made read-only, from its own mount table.
+MASKS_IN_MOUNTINFO = """
+import json
+masked, read_only = set(), set()
+for line in open("/proc/self/mountinfo"):
+    fields = line.split()
+    root, point, options = fields[3], fields[4], fields[5].split(",")
+    kind = fields[fields.index("-") + 1]
+    if not point.startswith(("/proc/", "/sys/")):
+        continue
+    if root.endswith("/null") or (kind == "tmpfs" and "ro" in options):
+        masked.add(point)
+    elif kind in ("proc", "sysfs") and "ro" in options:
+        read_only.add(point)
+print(json.dumps({"masked": sorted(masked), "read_only": sorted(read_only)}))
+"""
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [pytest.param(e, marks=getattr(pytest.mark, e)) for e in ("docker", "podman", "docker-remote", "podman-remote")],
+)
+async def test_a_child_masks_every_path_the_engine_masks_in_its_sandboxes(
+    executor: Executor, registry: SessionRegistry
+) -> None:
+    """What the engine masks and makes read-only in an ordinary sandbox (a session's container), each template
+    child masks too: the template container itself has nothing masked, so that its children can mount a /proc."""
+    session = await registry.create("python", [])
+    try:
+        ordinary = json.loads((await registry.execute(session.id, MASKS_IN_MOUNTINFO, [], 60)).stdout)
+    finally:
+        await registry.close(session.id)
+    forked = json.loads((await executor.execute(MASKS_IN_MOUNTINFO, timeout=60)).stdout)
+    assert ordinary["masked"], ordinary  # the probe sees masks at all
+    assert set(ordinary["masked"]) - set(forked["masked"]) == set(), (ordinary, forked)
+    assert set(ordinary["read_only"]) - set(forked["read_only"]) - set(forked["masked"]) == set(), (ordinary, forked)

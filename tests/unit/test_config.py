@@ -79,6 +79,36 @@ def test_a_bad_value_names_its_variable(monkeypatch: pytest.MonkeyPatch, variabl
     )
 
 
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("SANDBOX_PIP_INDEX_URL", "https://reader:s3cret@pypi.example/simple"),
+        ("SANDBOX_NPM_REGISTRY", "https://:s3cret@npm.example/"),
+        ("SANDBOX_GOPROXY", "https://proxy.example,https://reader:s3cret@mirror.example|direct"),
+        ("SANDBOX_GOSUMDB", "sum.example+key https://reader:s3cret@sum.example"),
+        ("SANDBOX_CRAN_REPO", "https://reader:s3cret@cran.example"),
+        ("SANDBOX_GEM_SOURCE", "https://s3cret@gems.example/"),
+        ("SANDBOX_MAVEN_REPO", "https://reader:s3cret@maven.example/releases"),
+    ],
+)
+def test_a_registry_url_with_credentials_is_refused_without_repeating_them(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as raised:
+        load_settings()
+    (problem,) = raised.value.problems
+    assert problem.startswith(f"{variable}: carries credentials") and "mirror or proxy of yours" in problem
+    assert "s3cret" not in problem and "s3cret" not in str(raised.value)
+
+
+def test_a_registry_url_without_credentials_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SANDBOX_NPM_REGISTRY", "https://npm.example/@scope/path@1")
+    monkeypatch.setenv("SANDBOX_GOSUMDB", "off")
+    settings = load_settings()
+    assert (settings.sandbox_npm_registry, settings.sandbox_gosumdb) == ("https://npm.example/@scope/path@1", "off")
+
+
 def test_every_bad_variable_gets_its_own_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BACKEND", "nope")
     monkeypatch.setenv("SANDBOX_PIDS_LIMIT", "-1")
