@@ -113,10 +113,11 @@ class ContainerParent:
     under it), made by this server with its memory limit. It holds only where the engine runs on this host's
     kernel: `contains` checks that a container did land in it."""
 
-    def __init__(self, engine: str, version: int, root: Path) -> None:
+    def __init__(self, engine: str, version: int, root: Path, total: int) -> None:
         self.relative = f"{PARENT}/{engine}-{os.getpid()}-{INSTANCE_ID}"
         self.version = version
         self.memory_dir = root / self.relative
+        self.total = total
 
     @property
     def name(self) -> str:
@@ -134,18 +135,27 @@ class ContainerParent:
         if found is None or found[0] != version:
             logger.info("No memory limit over all sandboxes: this host shows no cgroup v%d memory controller", version)
             return None
-        parent = cls(engine, version, found[1])
+        parent = cls(engine, version, found[1], total)
         try:
-            parent.memory_dir.mkdir(parents=True, exist_ok=True)
-            if version == 2:
-                for directory in (parent.memory_dir.parent, parent.memory_dir):
-                    with contextlib.suppress(OSError):
-                        (directory / "cgroup.subtree_control").write_text("+memory +pids +cpu")
-            write_memory_limit(parent.memory_dir, version, total)
+            parent.ensure()
         except OSError as exc:
             logger.info("No memory limit over all sandboxes: cannot make %s (%s)", parent.memory_dir, exc)
             return None
         return parent
+
+    def ensure(self) -> None:
+        """The parent with its limit, made again where it went missing (another server's sweep takes an empty
+        one whose pid it cannot see: a server of another PID namespace) or lost its limit (the engine made it
+        again without one). Before each container: a stat and a read of cgroupfs."""
+        written = self.total - self.total % 4096  # the kernel keeps whole pages
+        if self.memory_dir.is_dir() and memory_limit(self.memory_dir, self.version) == written:
+            return
+        self.memory_dir.mkdir(parents=True, exist_ok=True)
+        if self.version == 2:
+            for directory in (self.memory_dir.parent, self.memory_dir):
+                with contextlib.suppress(OSError):
+                    (directory / "cgroup.subtree_control").write_text("+memory +pids +cpu")
+        write_memory_limit(self.memory_dir, self.version, self.total)
 
     def contains(self, container_id: str) -> bool:
         return (self.memory_dir / container_id).is_dir()

@@ -188,6 +188,10 @@ class DockerEngine:
         options = container_options(spec, _owner.owner_labels())
         parent = self._cgroup_parent()
         if parent is not None:
+            try:
+                parent.ensure()
+            except OSError as exc:
+                raise SandboxFailure(f"Could not make the cgroup over all sandboxes again: {exc}") from exc
             options["cgroup_parent"] = parent.name
         try:
             container_id: str = self._create(options, unmasked=spec.forks)

@@ -213,6 +213,16 @@ class CgroupManager:
             return
         self.memory_total = total
 
+    def _remake(self, hierarchy: Hierarchy) -> None:
+        """This server's directory again, limit included, where another server's sweep took it while empty (a
+        server of another PID namespace cannot tell that this one runs)."""
+        server_dir = self._server_dir(hierarchy)
+        server_dir.mkdir(parents=True, exist_ok=True)
+        if hierarchy.version == 2:
+            _enable(server_dir, hierarchy.controllers)
+        if "memory" in hierarchy.controllers and self.memory_total is not None:
+            write_memory_limit(server_dir, hierarchy.version, self.memory_total)
+
     def in_use(self) -> int | None:
         """What this server's sandboxes use together (bytes), or None while no limit holds them all."""
         memory = self._memory()
@@ -230,12 +240,16 @@ class CgroupManager:
                 self._server_dir(hierarchy).rmdir()
 
     def sweep_servers(self) -> None:
-        """Remove the directories of servers on this host that no longer run (their sandboxes swept first)."""
+        """Remove the empty directories of servers on this host that no longer run."""
         for hierarchy in self.hierarchies:
             with contextlib.suppress(OSError):
                 for directory in hierarchy.parent.glob(f"{SERVER_PREFIX}*"):
                     if directory.name != self.server and not server_alive(directory.name):
-                        existing([str(d) for d in directory.iterdir() if d.is_dir()]).remove()
+                        # Only what is empty: the sandboxes of a dead server are killed by the sweep of its
+                        # state records, which knows their owner; a pid here may be of another PID namespace.
+                        for leftover in directory.iterdir():
+                            with contextlib.suppress(OSError):
+                                leftover.rmdir()
                         with contextlib.suppress(OSError):
                             directory.rmdir()
 
@@ -277,6 +291,8 @@ class CgroupManager:
         made: list[Path] = []
         try:
             for hierarchy in self.hierarchies:
+                if not self._server_dir(hierarchy).is_dir():
+                    self._remake(hierarchy)
                 directory = self._server_dir(hierarchy) / name
                 directory.mkdir()
                 made.append(directory)

@@ -149,7 +149,9 @@ class HostSandbox(Generic[J]):
         jail = self._find_jail(state, root)
         # Before the cgroups: where neither works (inside a client's sandbox), the namespaces are the cause.
         self._probe(jail, root)
-        cgroups = CgroupManager(memory_total=self._memory_total)
+        cgroups = CgroupManager()
+        if self._memory_total is not None:
+            cgroups.hold_within(self._memory_total)
         missing = cgroups.missing()
         if missing is not None:
             raise BackendUnavailable(
