@@ -111,8 +111,8 @@ class ImageBuilder(Protocol):
 @runtime_checkable
 class SharedMemoryLimit(Protocol):
     """Implemented by backends that can hold all of this server's sandboxes under one parent cgroup with a memory
-    limit (Docker through a cgroup parent; bubblewrap and NsJail with their own cgroups): the kernel then bounds
-    their total, and the memory budget admits by what they use (`run.budget`)."""
+    limit (Docker and Podman through a cgroup parent; bubblewrap and NsJail with their own cgroups): the kernel
+    then bounds their total, and the memory budget admits by what they use (`run.budget`)."""
 
     def limit_sandboxes_together(self, total: int) -> None:
         """Every sandbox made from now on goes under a parent whose memory limit is `total` bytes. No I/O: the

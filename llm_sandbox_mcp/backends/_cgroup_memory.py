@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from llm_sandbox_mcp.backends._owner import INSTANCE_ID
@@ -108,6 +110,16 @@ def _hierarchy_roots() -> list[Path]:
     return []
 
 
+def _remove_empty(directory: Path) -> None:
+    """Remove a cgroup and the cgroups below it, those that are empty (rmdir refuses any with members)."""
+    with contextlib.suppress(OSError):
+        for child in directory.iterdir():
+            if child.is_dir():
+                _remove_empty(child)
+    with contextlib.suppress(OSError):
+        directory.rmdir()
+
+
 class ContainerParent:
     """The cgroup parent of an engine's containers (the engine's cgroupfs driver places each container's cgroup
     under it), made by this server with its memory limit. It holds only where the engine runs on this host's
@@ -158,7 +170,8 @@ class ContainerParent:
         write_memory_limit(self.memory_dir, self.version, self.total)
 
     def contains(self, container_id: str) -> bool:
-        return (self.memory_dir / container_id).is_dir()
+        """Whether the container's cgroup is in here (Docker names it by the id, Podman `libpod-<id>`)."""
+        return any((self.memory_dir / name).is_dir() for name in (container_id, f"libpod-{container_id}"))
 
     def in_use(self) -> int | None:
         try:
@@ -167,11 +180,10 @@ class ContainerParent:
             return None
 
     def remove(self) -> None:
-        """Remove the parent from every hierarchy (the engine made it in the others); once its containers are
-        gone."""
+        """Remove the parent from every hierarchy (the engine made it in the others), with what the engine left
+        in it empty (Podman's `conmon`); once its containers are gone."""
         for root in _hierarchy_roots():
-            with contextlib.suppress(OSError):
-                (root / self.relative).rmdir()
+            _remove_empty(root / self.relative)
 
     @staticmethod
     def sweep(engine: str) -> None:
@@ -180,5 +192,52 @@ class ContainerParent:
             with contextlib.suppress(OSError):
                 for directory in (root / PARENT).glob(f"{engine}-*"):
                     if not server_alive(directory.name):
-                        with contextlib.suppress(OSError):
-                            directory.rmdir()
+                        _remove_empty(directory)
+
+
+class EngineMemoryLimit:
+    """A container engine's side of `backends.SharedMemoryLimit` (Docker, Podman): the parent made before the first
+    container, given to each, and trusted once one is seen in it."""
+
+    def __init__(self, engine: str) -> None:
+        self._engine = engine
+        self._total: int | None = None
+        self._parent: ContainerParent | None = None
+        self._checked = False
+        self._proven = False
+        self._lock = threading.Lock()
+
+    def limit(self, total: int) -> None:
+        self._total = total
+
+    def parent(self, describe: Callable[[], tuple[str, int]]) -> ContainerParent | None:
+        """The parent the next container goes under, or None; `describe()`: the engine's cgroup driver and
+        version, asked once. Raises OSError when the parent cannot be made again."""
+        with self._lock:
+            if not self._checked and self._total is not None:
+                self._checked = True
+                driver, version = describe()
+                self._parent = ContainerParent.make(self._engine, driver, version, self._total)
+            parent = self._parent
+        if parent is not None:
+            parent.ensure()
+        return parent
+
+    def landed(self, parent: ContainerParent, container_id: str) -> None:
+        """After a container started: where it is not in the parent, the engine is on another kernel."""
+        if self._proven:
+            return
+        if parent.contains(container_id):
+            self._proven = True
+            return
+        logger.info("The %s containers are not in this host's cgroups; the budget counts their limits", self._engine)
+        with self._lock:
+            self._parent = None
+
+    def in_use(self) -> int | None:
+        parent = self._parent
+        return parent.in_use() if parent is not None and self._proven else None
+
+    def close(self) -> None:
+        if self._parent is not None:
+            self._parent.remove()

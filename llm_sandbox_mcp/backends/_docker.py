@@ -23,7 +23,7 @@ from docker.types import LogConfig, Mount, Ulimit
 
 from llm_sandbox_mcp.backends import VANISHED_EXIT, ImageBuild, ImageInfo, _owner
 from llm_sandbox_mcp.backends._build import follow
-from llm_sandbox_mcp.backends._cgroup_memory import ContainerParent
+from llm_sandbox_mcp.backends._cgroup_memory import ContainerParent, EngineMemoryLimit
 from llm_sandbox_mcp.backends._container import (
     CACHE_PREFIX,
     INIT,
@@ -137,42 +137,17 @@ class DockerEngine:
         self._found: Candidate | None = None
         self._connect_lock = threading.Lock()
         self._images: set[str] = set()
-        # The memory limit over all sandboxes asked for (`limit_sandboxes_together`), and the parent that holds it
-        # once made and seen to contain a container.
-        self._memory_total: int | None = None
-        self._parent: ContainerParent | None = None
-        self._parent_checked = False
-        self._parent_proven = False
-        self._parent_lock = threading.Lock()
+        self._memory = EngineMemoryLimit("docker")
 
     def limit_sandboxes_together(self, total: int) -> None:
-        self._memory_total = total
+        self._memory.limit(total)
 
     def sandboxes_memory(self) -> int | None:
-        """What this server's containers use together, once their parent is proven to hold them."""
-        parent = self._parent
-        return parent.in_use() if parent is not None and self._parent_proven else None
+        return self._memory.in_use()
 
-    def _cgroup_parent(self) -> ContainerParent | None:
-        """The parent every container goes under (made on first use), or None where the engine cannot use one
-        this server made: another cgroup driver, or an engine on another kernel (a VM, a remote host)."""
-        with self._parent_lock:
-            if not self._parent_checked and self._memory_total is not None:
-                self._parent_checked = True
-                info = self._docker().info()
-                driver, version = str(info.get("CgroupDriver")), int(info.get("CgroupVersion") or 1)
-                self._parent = ContainerParent.make("docker", driver, version, self._memory_total)
-            return self._parent
-
-    def _check_parent(self, parent: ContainerParent, container_id: str) -> None:
-        if self._parent_proven:
-            return
-        if parent.contains(container_id):
-            self._parent_proven = True
-            return
-        logger.info("The engine's containers are not in this host's cgroups; the budget counts their limits")
-        with self._parent_lock:
-            self._parent = None
+    def _cgroup_driver(self) -> tuple[str, int]:
+        info = self._docker().info()
+        return str(info.get("CgroupDriver")), int(info.get("CgroupVersion") or 1)
 
     def _docker(self) -> docker.DockerClient:
         with self._connect_lock:
@@ -186,12 +161,11 @@ class DockerEngine:
         if spec.cache is not None and spec.cache.writable:
             self._prepare_cache(spec)
         options = container_options(spec, _owner.owner_labels())
-        parent = self._cgroup_parent()
+        try:
+            parent = self._memory.parent(self._cgroup_driver)
+        except OSError as exc:
+            raise SandboxFailure(f"Could not make the cgroup over all sandboxes again: {exc}") from exc
         if parent is not None:
-            try:
-                parent.ensure()
-            except OSError as exc:
-                raise SandboxFailure(f"Could not make the cgroup over all sandboxes again: {exc}") from exc
             options["cgroup_parent"] = parent.name
         try:
             container_id: str = self._create(options, unmasked=spec.forks)
@@ -204,7 +178,7 @@ class DockerEngine:
             self.remove(container_id)
             raise SandboxFailure(f"Docker could not start a sandbox from {spec.image!r}: {exc.explanation}") from exc
         if parent is not None:
-            self._check_parent(parent, container_id)
+            self._memory.landed(parent, container_id)
         return container_id
 
     def _create(self, options: dict[str, Any], unmasked: bool) -> str:
@@ -406,8 +380,7 @@ class DockerEngine:
         return f"Docker Engine {version.get('Version')} (API {version.get('ApiVersion')}) at {where}"
 
     def close(self) -> None:
-        if self._parent is not None:
-            self._parent.remove()
+        self._memory.close()
         if self._client is not None:
             self._client.close()
             self._client = None

@@ -45,7 +45,7 @@ def _text(result: CallToolResult) -> str:
 
 @pytest.mark.parametrize(
     "engine",
-    [pytest.param("docker", marks=pytest.mark.docker), pytest.param("bubblewrap", marks=pytest.mark.bubblewrap)],
+    [pytest.param(name, marks=getattr(pytest.mark, name)) for name in ("docker", "podman", "bubblewrap")],
 )
 async def test_sessions_are_admitted_by_use_and_held_by_one_limit_that_the_host_survives(
     request: pytest.FixtureRequest, engine: str
