@@ -69,6 +69,13 @@ SECTIONS: dict[str, tuple[str, str]] = {
         "Per warm sandbox, medians in MiB: what it is charged (what `SANDBOX_MEM_LIMIT` and "
         "`SANDBOX_MEMORY_BUDGET` count) / its processes' resident sets; and the server's own resident set.",
     ),
+    "sessions": (
+        "Many sessions open at once (`benchmarks/sessions.py`)",
+        "N Python sessions opened one after another with `SANDBOX_MAX_SESSIONS=N` and every other setting at its "
+        "default, then `print(1)` in each of them in turn, back to back; then, idle: what each sandbox's cgroup is "
+        "charged (median, less inactive file cache), the server's share (its RSS growth over the sessions), and "
+        "how much MemAvailable fell on the host per session (which also pays for what is outside the cgroups).",
+    ),
     "egress": (
         "Egress proxy (`benchmarks/egress.py`)",
         "A connection through the proxy against a direct one, and a library install through it against "
@@ -153,6 +160,41 @@ def _memory_rows(report: Json) -> tuple[Row, list[Row]]:
     return ["language", "per warm sandbox: charged / resident MiB", "server: idle / with the pool MiB"], rows
 
 
+def _sessions_rows(report: Json) -> tuple[Row, list[Row]]:
+    cell, opening, server = (
+        _dict(report.get("cell_ms")),
+        _dict(report.get("open_ms")),
+        _dict(report.get("server_rss_mib")),
+    )
+    load = _dict(report.get("load_average"))
+    rows: list[Row] = [
+        [
+            "sessions answered / opened / asked for",
+            f"{report.get('sessions_answered')} / {report.get('sessions_opened')} / {report.get('sessions_asked')}",
+        ],
+        [
+            "a cell, `print(1)`, p50 / p95",
+            f"{_ms(cell.get('p50'))} / {_ms(cell.get('p95'))} ms ({report.get('cells')} cells)",
+        ],
+        ["opening a session, p50 / p95", f"{_ms(opening.get('p50'))} / {_ms(opening.get('p95'))} ms"],
+        [
+            "per idle session: its sandbox's cgroup + the server's share",
+            f"{_ms(report.get('sandbox_charged_mib_median'))} + {_ms(report.get('server_share_per_session_mib'))} = "
+            f"{_ms(report.get('per_session_mib'))} MiB",
+        ],
+        ["the cgroup over all of the server's sandboxes", f"{_ms(report.get('all_sandboxes_charged_mib'))} MiB"],
+        [
+            "server RSS before the sessions / with them",
+            f"{_ms(server.get('before'))} / {_ms(server.get('with_sessions'))} MiB",
+        ],
+        ["host MemAvailable fell, per session", f"{_ms(report.get('host_available_fell_per_session_mib'))} MiB"],
+        ["load average (1, 5, 15 min) before / after", f"{load.get('before')} / {load.get('after')}"],
+    ]
+    refusals: list[object] = list(report.get("refusals") or [])
+    rows += [["refused", str(text)[:160].replace("|", "/")] for text in refusals]
+    return ["", "measured"], rows
+
+
 def _flat(value: object, path: tuple[str, ...]) -> Iterable[Row]:
     if isinstance(value, dict):
         for key, item in value.items():  # pyright: ignore[reportUnknownVariableType]
@@ -214,6 +256,7 @@ ROWS: dict[str, Callable[[Json], tuple[Row, list[Row]]]] = {
     "table": _table_rows,
     "bench": _bench_rows,
     "memory": _memory_rows,
+    "sessions": _sessions_rows,
 }
 
 

@@ -1,4 +1,5 @@
-"""How much physical memory this host has: what the default memory budget of all sandboxes is a share of."""
+"""How much physical memory this host has (what the default memory budget of all sandboxes is a share of), and
+how much of it is available now."""
 
 from __future__ import annotations
 
@@ -36,3 +37,16 @@ else:
     def physical_memory() -> int:
         """Bytes of physical memory (sysconf: Linux and macOS both have SC_PHYS_PAGES)."""
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel estimates can be given to new work without swapping (Linux's MemAvailable), or None
+    where the host does not say (no /proc/meminfo: macOS, Windows)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -108,6 +108,24 @@ class ImageBuilder(Protocol):
         ...
 
 
+@runtime_checkable
+class SharedMemoryLimit(Protocol):
+    """Implemented by backends that can hold all of this server's sandboxes under one parent cgroup with a memory
+    limit (Docker and Podman through a cgroup parent; bubblewrap and NsJail with their own cgroups): the kernel
+    then bounds their total, and the memory budget admits by what they use (`run.budget`)."""
+
+    def limit_sandboxes_together(self, total: int) -> None:
+        """Every sandbox made from now on goes under a parent whose memory limit is `total` bytes. No I/O: the
+        parent is made with the engine's own set-up, and where it cannot be, `sandboxes_memory` says None."""
+        ...
+
+    def sandboxes_memory(self) -> int | None:
+        """Bytes this server's sandboxes use together now (less reclaimable file cache), or None while no
+        limit over all of them holds (then the budget counts each sandbox's whole limit). Reads a file or two of
+        cgroupfs: never waits on a disk."""
+        ...
+
+
 class ChildCgroup(Protocol):
     """The cgroup a zygote child runs in (blocking calls: run in a worker thread)."""
 

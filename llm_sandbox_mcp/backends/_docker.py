@@ -23,6 +23,7 @@ from docker.types import LogConfig, Mount, Ulimit
 
 from llm_sandbox_mcp.backends import VANISHED_EXIT, ImageBuild, ImageInfo, _owner
 from llm_sandbox_mcp.backends._build import follow
+from llm_sandbox_mcp.backends._cgroup_memory import ContainerParent, EngineMemoryLimit
 from llm_sandbox_mcp.backends._container import (
     CACHE_PREFIX,
     INIT,
@@ -136,6 +137,17 @@ class DockerEngine:
         self._found: Candidate | None = None
         self._connect_lock = threading.Lock()
         self._images: set[str] = set()
+        self._memory = EngineMemoryLimit("docker")
+
+    def limit_sandboxes_together(self, total: int) -> None:
+        self._memory.limit(total)
+
+    def sandboxes_memory(self) -> int | None:
+        return self._memory.in_use()
+
+    def _cgroup_driver(self) -> tuple[str, int]:
+        info = self._docker().info()
+        return str(info.get("CgroupDriver")), int(info.get("CgroupVersion") or 1)
 
     def _docker(self) -> docker.DockerClient:
         with self._connect_lock:
@@ -150,6 +162,12 @@ class DockerEngine:
             self._prepare_cache(spec)
         options = container_options(spec, _owner.owner_labels())
         try:
+            parent = self._memory.parent(self._cgroup_driver)
+        except OSError as exc:
+            raise SandboxFailure(f"Could not make the cgroup over all sandboxes again: {exc}") from exc
+        if parent is not None:
+            options["cgroup_parent"] = parent.name
+        try:
             container_id: str = self._create(options, unmasked=spec.forks)
         except docker.errors.APIError as exc:
             raise SandboxFailure(f"Docker could not create a sandbox from {spec.image!r}: {exc.explanation}") from exc
@@ -159,6 +177,8 @@ class DockerEngine:
         except docker.errors.APIError as exc:
             self.remove(container_id)
             raise SandboxFailure(f"Docker could not start a sandbox from {spec.image!r}: {exc.explanation}") from exc
+        if parent is not None:
+            self._memory.landed(parent, container_id)
         return container_id
 
     def _create(self, options: dict[str, Any], unmasked: bool) -> str:
@@ -350,6 +370,7 @@ class DockerEngine:
         ]
         for container_id in stale:
             self.remove(container_id)
+        ContainerParent.sweep("docker")
         return len(stale)
 
     def describe(self) -> str:
@@ -359,6 +380,7 @@ class DockerEngine:
         return f"Docker Engine {version.get('Version')} (API {version.get('ApiVersion')}) at {where}"
 
     def close(self) -> None:
+        self._memory.close()
         if self._client is not None:
             self._client.close()
             self._client = None

@@ -11,7 +11,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import PurePosixPath
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, cast
 
 import anyio.from_thread
 import anyio.to_thread
@@ -194,6 +194,16 @@ class Threaded:
 
     async def describe(self) -> str:
         return await anyio.to_thread.run_sync(self.engine.describe)
+
+    def limit_sandboxes_together(self, total: int) -> None:
+        """`SharedMemoryLimit`, where the engine has it; a no-op where it has not."""
+        limit = getattr(self.engine, "limit_sandboxes_together", None)
+        if limit is not None:
+            limit(total)
+
+    def sandboxes_memory(self) -> int | None:
+        measure = getattr(self.engine, "sandboxes_memory", None)
+        return None if measure is None else cast("int | None", measure())
 
     async def aclose(self) -> None:
         await anyio.to_thread.run_sync(self._close)

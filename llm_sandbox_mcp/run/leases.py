@@ -144,12 +144,11 @@ class Leases:
 
     def room_to_grow(self, key: WarmKey) -> bool:
         """A larger pool leaves room in the memory budget for one more sandbox (a session, a call)."""
-        return self._budget.committed + 2 * key.spec.limits.memory_bytes <= self._budget.total
+        return self._budget.room_for(2, key.spec.limits.memory_bytes)
 
     async def make(self, key: WarmKey, ahead: bool, one_shot: bool = True) -> Lease:
         """A started sandbox of `key`; `ahead`: made for the pool rather than a waiting call."""
-        charge = key.spec.limits.memory_bytes
-        self._budget.reserve(charge, "a warm sandbox" if ahead else "a sandbox")
+        charge = self._budget.reserve(key.spec.limits.memory_bytes, "a warm sandbox" if ahead else "a sandbox")
         try:
             ref = await self._backend.create(key.spec)
         except BaseException:

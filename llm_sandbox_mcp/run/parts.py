@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from llm_sandbox_mcp.backends import Backend
+from llm_sandbox_mcp.backends import Backend, SharedMemoryLimit
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.egress.tunnel import Tunnels
 from llm_sandbox_mcp.images.background import ProjectImages
@@ -47,6 +47,9 @@ def assemble(settings: Settings, backend: Backend, switched: Callable[[str, str]
     """The collaborators of an executor on `backend`; `switched(language, base)`: a project image is built."""
     limits = settings.limits()
     budget = MemoryBudget(settings.memory_budget())
+    if isinstance(backend, SharedMemoryLimit):
+        backend.limit_sandboxes_together(budget.total)
+        budget.meter = backend.sandboxes_memory
     tunnels = Tunnels()
     libraries = LibraryCache(settings, backend, limits, budget, tunnels)
     images = ProjectImages(settings, backend, switched)

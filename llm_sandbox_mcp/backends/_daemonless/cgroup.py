@@ -1,5 +1,9 @@
 """Per-sandbox cgroups (pids, memory, cpu) where this process may make them: cgroup v1 or v2.
 
+Each server's sandboxes go under a directory of its own (`server-<pid>-<instance>`, under the shared
+`llm-sandbox-mcp`), whose memory limit is the server's memory budget once the budget asks for it
+(`CgroupManager.hold_within`): the kernel then bounds all of them together, not only each.
+
 Root can always make them, and root is exactly the case where rlimits fail (root ignores RLIMIT_NPROC).
 Without all three the backend refuses to run: rlimits alone bound neither shared memory nor CPU. All calls
 block; the backend runs them in worker threads.
@@ -17,12 +21,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from llm_sandbox_mcp.backends._cgroup_memory import (
+    PARENT,
+    cgroup_mounts,
+    memory_in_use,
+    server_alive,
+    write_memory_limit,
+)
+from llm_sandbox_mcp.backends._owner import INSTANCE_ID
 from llm_sandbox_mcp.models import Limits
 
 logger = logging.getLogger(__name__)
 
 CONTROLLERS = ("pids", "memory", "cpu")
-PARENT = "llm-sandbox-mcp"
+SERVER_PREFIX = "server-"
 _CPU_PERIOD_US = 100_000
 
 
@@ -86,18 +98,6 @@ class Cgroup:
                     time.sleep(0.01)
 
 
-def _mounts() -> list[tuple[str, str, str, set[str]]]:
-    """(mount root, mount point, fs type, super options) of every cgroup mount."""
-    found: list[tuple[str, str, str, set[str]]] = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        left, _, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if len(fields) >= 5 and len(tail) >= 3 and tail[0] in ("cgroup", "cgroup2"):
-            mount_point = fields[4].replace("\\040", " ")
-            found.append((fields[3], mount_point, tail[0], set(tail[2].split(","))))
-    return found
-
-
 def _own_paths() -> dict[str, str]:
     """This process's cgroup per v1 controller, and under "" its v2 cgroup."""
     paths: dict[str, str] = {}
@@ -121,7 +121,7 @@ def _under(mount_root: str, mount_point: str, path: str) -> Path:
 def discover() -> list[Hierarchy]:
     """The hierarchies that hold pids, memory or cpu, preferring v1 mounts (hybrid hosts bind them there)."""
     try:
-        mounts, own = _mounts(), _own_paths()
+        mounts, own = cgroup_mounts(), _own_paths()
     except OSError:
         return []
     # A server that is not root keeps to a directory of its own: one delegated to it (see `cgroup_fix`) is
@@ -181,14 +181,77 @@ def _write_limits(directory: Path, version: int, controllers: frozenset[str], li
 class CgroupManager:
     """Makes the per-sandbox cgroups, or says why it cannot."""
 
-    def __init__(self, hierarchies: list[Hierarchy] | None = None) -> None:
+    def __init__(self, hierarchies: list[Hierarchy] | None = None, memory_total: int | None = None) -> None:
         self.hierarchies = discover() if hierarchies is None else hierarchies
+        self.server = f"{SERVER_PREFIX}{os.getpid()}-{INSTANCE_ID}"
+        # The limit over all of this server's sandboxes, once written (`hold_within`).
+        self.memory_total: int | None = None
         self.problem: str | None = None if self.hierarchies else "no cgroup hierarchy with pids, memory or cpu"
         if not self.problem:
             try:
                 self._prepare()
             except OSError as exc:
                 self._fail(exc)
+        if memory_total is not None:
+            self.hold_within(memory_total)
+
+    def _server_dir(self, hierarchy: Hierarchy) -> Path:
+        return hierarchy.parent / self.server
+
+    def _memory(self) -> Hierarchy | None:
+        return next((h for h in self.hierarchies if "memory" in h.controllers), None)
+
+    def hold_within(self, total: int) -> None:
+        """Limit the memory of all of this server's sandboxes together to `total` bytes (where it can)."""
+        memory = self._memory()
+        if self.problem or memory is None:
+            return
+        try:
+            write_memory_limit(self._server_dir(memory), memory.version, total)
+        except OSError as exc:
+            logger.warning("No memory limit over all sandboxes (%s); the budget counts their limits", exc)
+            return
+        self.memory_total = total
+
+    def _remake(self, hierarchy: Hierarchy) -> None:
+        """This server's directory again, limit included, where another server's sweep took it while empty (a
+        server of another PID namespace cannot tell that this one runs)."""
+        server_dir = self._server_dir(hierarchy)
+        server_dir.mkdir(parents=True, exist_ok=True)
+        if hierarchy.version == 2:
+            _enable(server_dir, hierarchy.controllers)
+        if "memory" in hierarchy.controllers and self.memory_total is not None:
+            write_memory_limit(server_dir, hierarchy.version, self.memory_total)
+
+    def in_use(self) -> int | None:
+        """What this server's sandboxes use together (bytes), or None while no limit holds them all."""
+        memory = self._memory()
+        if self.memory_total is None or memory is None:
+            return None
+        try:
+            return memory_in_use(self._server_dir(memory), memory.version)
+        except (OSError, ValueError):
+            return None
+
+    def close(self) -> None:
+        """Remove this server's directories (its sandboxes' are gone by now)."""
+        for hierarchy in self.hierarchies:
+            with contextlib.suppress(OSError):
+                self._server_dir(hierarchy).rmdir()
+
+    def sweep_servers(self) -> None:
+        """Remove the empty directories of servers on this host that no longer run."""
+        for hierarchy in self.hierarchies:
+            with contextlib.suppress(OSError):
+                for directory in hierarchy.parent.glob(f"{SERVER_PREFIX}*"):
+                    if directory.name != self.server and not server_alive(directory.name):
+                        # Only what is empty: the sandboxes of a dead server are killed by the sweep of its
+                        # state records, which knows their owner; a pid here may be of another PID namespace.
+                        for leftover in directory.iterdir():
+                            with contextlib.suppress(OSError):
+                                leftover.rmdir()
+                        with contextlib.suppress(OSError):
+                            directory.rmdir()
 
     def missing(self) -> str | None:
         """Why sandboxes here would not get a pids, memory and CPU limit each, or None when they will."""
@@ -213,6 +276,9 @@ class CgroupManager:
                 raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(hierarchy.parent))
             if hierarchy.version == 2:
                 _enable(hierarchy.parent, hierarchy.controllers)
+            self._server_dir(hierarchy).mkdir(exist_ok=True)
+            if hierarchy.version == 2:
+                _enable(self._server_dir(hierarchy), hierarchy.controllers)
 
     def _fail(self, exc: OSError) -> None:
         self.problem = f"cannot create cgroups here ({exc.strerror}: {exc.filename})"
@@ -225,7 +291,9 @@ class CgroupManager:
         made: list[Path] = []
         try:
             for hierarchy in self.hierarchies:
-                directory = hierarchy.parent / name
+                if not self._server_dir(hierarchy).is_dir():
+                    self._remake(hierarchy)
+                directory = self._server_dir(hierarchy) / name
                 directory.mkdir()
                 made.append(directory)
                 _write_limits(directory, hierarchy.version, hierarchy.controllers, limits)

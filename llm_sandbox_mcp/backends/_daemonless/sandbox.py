@@ -125,6 +125,7 @@ class HostSandbox(Generic[J]):
         self._host_info: HostInfo[J] | None = None
         self._host_lock = anyio.Lock()
         self._boxes: dict[str, Sandbox] = {}
+        self._memory_total: int | None = None
 
     # -- host discovery -------------------------------------------------------------------------------------
 
@@ -150,6 +151,8 @@ class HostSandbox(Generic[J]):
         # Before the cgroups: where neither works (inside a client's sandbox), the namespaces are the cause.
         self._probe(jail, root)
         cgroups = CgroupManager()
+        if self._memory_total is not None:
+            cgroups.hold_within(self._memory_total)
         missing = cgroups.missing()
         if missing is not None:
             raise BackendUnavailable(
@@ -177,6 +180,18 @@ class HostSandbox(Generic[J]):
         if refused(output):
             return userns_refused(self.name, jail.path, output)
         return BackendUnavailable(f"{jail.describe()} cannot make a sandbox here: {output or 'no reason given'}")
+
+    # -- the memory of all sandboxes together (`backends.SharedMemoryLimit`) --------------------------------------
+
+    def limit_sandboxes_together(self, total: int) -> None:
+        """The memory limit of the cgroup all of this server's sandboxes go under, written with the cgroups."""
+        self._memory_total = total
+        if self._host_info is not None:
+            self._host_info.cgroups.hold_within(total)
+
+    def sandboxes_memory(self) -> int | None:
+        """What this server's sandboxes use together, or None before their shared limit holds."""
+        return None if self._host_info is None else self._host_info.cgroups.in_use()
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -434,6 +449,7 @@ class HostSandbox(Generic[J]):
             existing([*children, *recorded]).remove()
             state_file.unlink(missing_ok=True)
             swept += 1
+        host.cgroups.sweep_servers()
         return swept
 
     # -- zygote templates (see llm_sandbox_mcp.run.zygote): both jails are a `TemplateHost` ------------------
@@ -505,6 +521,8 @@ class HostSandbox(Generic[J]):
         with anyio.CancelScope(shield=True):
             for box in boxes:
                 await self._destroy(box)
+            if self._host_info is not None:
+                await anyio.to_thread.run_sync(self._host_info.cgroups.close)
 
 
 async def holder_error(holder: Process) -> str:

@@ -31,6 +31,7 @@ from podman.errors.exceptions import APIError, ImageNotFound, NotFound
 
 from llm_sandbox_mcp.backends import VANISHED_EXIT, ImageBuild, ImageInfo, _owner
 from llm_sandbox_mcp.backends._build import follow
+from llm_sandbox_mcp.backends._cgroup_memory import ContainerParent, EngineMemoryLimit
 from llm_sandbox_mcp.backends._container import (
     CACHE_PREFIX,
     KILL_SIGNAL,
@@ -100,6 +101,17 @@ class PodmanEngine:
         self._profile_lock = threading.Lock()
         # Sandbox id -> the processes `start` began in it, while they are in use.
         self._started: dict[str, weakref.WeakSet[SocketProcess]] = {}
+        self._memory = EngineMemoryLimit("podman")
+
+    def limit_sandboxes_together(self, total: int) -> None:
+        self._memory.limit(total)
+
+    def sandboxes_memory(self) -> int | None:
+        return self._memory.in_use()
+
+    def _cgroup_driver(self) -> tuple[str, int]:
+        host: dict[str, Any] = self._podman().info().get("host") or {}
+        return str(host.get("cgroupManager")), 2 if host.get("cgroupVersion") == "v2" else 1
 
     def _seccomp_profile(self, image: str, forks: bool) -> str:
         """The path, on the Podman host, of the project's seccomp profile (its zygote template variant for
@@ -175,6 +187,9 @@ class PodmanEngine:
         except APIError as exc:
             self.remove(container_id)
             raise SandboxFailure(f"Podman could not start a sandbox from {spec.image!r}: {detail(exc)}") from exc
+        parent = self._memory.parent(self._cgroup_driver)
+        if parent is not None:
+            self._memory.landed(parent, container_id)
         return container_id
 
     def _create(self, spec: SandboxSpec, again: bool = True) -> dict[str, Any]:
@@ -185,6 +200,12 @@ class PodmanEngine:
             body = container_spec(spec, _owner.owner_labels(), profile)
         except ValueError as exc:
             raise SandboxFailure(str(exc)) from exc
+        try:
+            parent = self._memory.parent(self._cgroup_driver)
+        except OSError as exc:
+            raise SandboxFailure(f"Could not make the cgroup over all sandboxes again: {exc}") from exc
+        if parent is not None:
+            body["cgroup_parent"] = parent.name
         try:
             response = self._podman().api.post("/containers/create", data=json.dumps(body), headers=_JSON)
             response.raise_for_status(not_found=ImageNotFound)
@@ -406,6 +427,7 @@ class PodmanEngine:
         stale = [str(c.id) for c in containers if _owner.owner_is_gone(c.labels or {})]
         for container_id in stale:
             self.remove(container_id)
+        ContainerParent.sweep("podman")
         return len(stale)
 
     def describe(self) -> str:
@@ -426,6 +448,7 @@ class PodmanEngine:
         return line
 
     def close(self) -> None:
+        self._memory.close()
         if self._client is not None:
             self._client.close()
             self._client = None

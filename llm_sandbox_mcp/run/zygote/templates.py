@@ -222,10 +222,10 @@ class ZygoteTemplates(TaskOwner):
         template = await self._template(language, spec)
         if template is None:
             return None
-        charge = spec.limits.memory_bytes
+        charge = 0
         template.running += 1
         try:
-            self._budget.reserve(charge, "a sandbox")
+            charge = self._budget.reserve(spec.limits.memory_bytes, "a sandbox")
             try:
                 child = await self._child(template)
             except BaseException:
@@ -318,8 +318,7 @@ class ZygoteTemplates(TaskOwner):
 
     async def _start(self, language: Language, spec: SandboxSpec) -> Template:
         assert self._host is not None
-        charge = spec.limits.memory_bytes
-        self._budget.reserve(charge, "a Python template")
+        charge = self._budget.reserve(spec.limits.memory_bytes, "a Python template")
         ref: SandboxRef | None = None
         control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
