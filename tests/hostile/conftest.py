@@ -26,18 +26,31 @@ from tests.engines.conftest import registry as registry
 from tests.engines.conftest import select_and_group
 from tests.support.memory import RssWindow
 
-# Where each engine's sandbox processes are on this host, by a part of their cgroup path (/proc/PID/cgroup): the
-# Kubernetes double runs its pods on the Docker engine, both Podman services under libpod_parent, bubblewrap and
-# NsJail under the llm-sandbox-mcp cgroup of the daemonless backends.
-CGROUP_FAMILIES = {
-    "docker": "/docker/",
-    "kubernetes": "/docker/",
-    "podman": "/libpod",
-    "podman-remote": "/libpod",
-    "docker-remote": "/llm-sandbox-remote-docker/",
-    "bubblewrap": "/llm-sandbox-mcp/",
-    "nsjail": "/llm-sandbox-mcp/",
+# Where each family of engines puts its sandbox processes on this host, by parts of their cgroup path
+# (/proc/PID/cgroup), the first family that matches winning: Docker's and Podman's containers go under a cgroup
+# parent of the server's own (`llm-sandbox-mcp/docker-<pid>-...`, `.../podman-...`, the remote engines too, being
+# on this kernel), or the engine's default where it takes none (the Kubernetes double runs its pods on the Docker
+# engine; both Podman services use libpod_parent); bubblewrap and NsJail under the daemonless backends' cgroup.
+FAMILY_MARKERS: dict[str, tuple[str, ...]] = {
+    "docker": ("/llm-sandbox-mcp/docker-", "/docker/", "/llm-sandbox-remote-docker/"),
+    "podman": ("/llm-sandbox-mcp/podman-", "/libpod"),
+    "daemonless": ("/llm-sandbox-mcp/",),
 }
+ENGINE_FAMILIES = {
+    "docker": "docker",
+    "kubernetes": "docker",
+    "docker-remote": "docker",
+    "podman": "podman",
+    "podman-remote": "podman",
+    "bubblewrap": "daemonless",
+    "nsjail": "daemonless",
+}
+
+
+def family_of(cgroup: str) -> str | None:
+    """The family of engines whose sandbox a process with this /proc/PID/cgroup is in, or None (in none)."""
+    return next((family for family, markers in FAMILY_MARKERS.items() if any(m in cgroup for m in markers)), None)
+
 
 _MARGIN = 256 * 1024**2
 _SETTLE_SECONDS = 30.0
@@ -46,7 +59,7 @@ _SETTLE_SECONDS = 30.0
 def family_group(item: pytest.Item) -> str | None:
     """One pytest-xdist group per cgroup family, so host_unharmed can tell this test's processes from the rest."""
     engine: object = getattr(getattr(item, "callspec", None), "params", {}).get("engine")
-    return CGROUP_FAMILIES.get(engine) if isinstance(engine, str) else None
+    return ENGINE_FAMILIES.get(engine) if isinstance(engine, str) else None
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -58,8 +71,7 @@ def sandbox_user_processes(engine: str) -> list[str]:
     """Live host processes of the sandbox user (every engine runs sandboxes as that uid on this host), but for
     those in the sandboxes of another family of engines than `engine`'s, and those in no sandbox cgroup (the
     daemonless sandboxes' outer processes) that another live server started."""
-    others = set(CGROUP_FAMILIES.values()) - {CGROUP_FAMILIES[engine]}
-    families = set(CGROUP_FAMILIES.values())
+    own = ENGINE_FAMILIES[engine]
     parents: dict[int, tuple[int, int]] = {}  # pid -> (parent, uid)
     candidates: list[tuple[int, str, bool]] = []  # (pid, name, in a sandbox cgroup)
     for process in Path("/proc").glob("[0-9]*"):
@@ -74,9 +86,10 @@ def sandbox_user_processes(engine: str) -> list[str]:
         parents[int(process.name)] = (int(fields.get("PPid", "0").strip() or 0), owner)
         if owner != Limits().uid or fields.get("State", "").strip().startswith("Z"):
             continue
-        if not any(other in cgroup for other in others):
+        family = family_of(cgroup)
+        if family in (None, own):
             name = fields.get("Name", "").strip()
-            candidates.append((int(process.name), name, any(family in cgroup for family in families)))
+            candidates.append((int(process.name), name, family is not None))
     return [f"{pid} {name}" for pid, name, contained in candidates if contained or not _started_elsewhere(pid, parents)]
 
 
