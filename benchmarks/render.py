@@ -76,6 +76,12 @@ SECTIONS: dict[str, tuple[str, str]] = {
         "charged (median, less inactive file cache), the server's share (its RSS growth over the sessions), and "
         "how much MemAvailable fell on the host per session (which also pays for what is outside the cgroups).",
     ),
+    "soak": (
+        "Minutes of mixed load (`benchmarks/soak.py`)",
+        "Calls kept in flight for minutes, drawn in turn from one-shot hellos of every language, cells of two "
+        "Python sessions, a call with an installed library and a matplotlib plot: latency per minute, and what the "
+        "server held on the host after a warm-up and again after the load, its two sessions open both times.",
+    ),
     "egress": (
         "Egress proxy (`benchmarks/egress.py`)",
         "A connection through the proxy against a direct one, and a library install through it against "
@@ -195,6 +201,27 @@ def _sessions_rows(report: Json) -> tuple[Row, list[Row]]:
     return ["", "measured"], rows
 
 
+def _soak_rows(report: Json) -> tuple[Row, list[Row]]:
+    rows: list[Row] = [
+        [f"minute {minute}: calls, p50 / p95", f"{_dict(m).get('calls')}, {_ms(_dict(m).get('p50_ms'))} / "
+         f"{_ms(_dict(m).get('p95_ms'))} ms"]
+        for minute, m in _dict(report.get("per_minute")).items()
+    ]  # fmt: skip
+    rows.append(["last whole minute's p95 / the first's (target ≤ 1.5)", str(report.get("last_minute_p95_over_first"))])
+    rows += [
+        [f"· {kind}: calls, p50", f"{_dict(k).get('calls')}, {_ms(_dict(k).get('p50_ms'))} ms"]
+        for kind, k in _dict(report.get("per_kind")).items()
+    ]
+    before, after = _dict(report.get("held_before")), _dict(report.get("held_after"))
+    rows += [[f"held: {name}, before → after", f"{before[name]} → {after.get(name)}"] for name in before]
+    failures = _dict(report.get("failures"))
+    rows += [
+        [f"failed: {kind}", f"{_dict(f).get('calls')}: {str(_dict(f).get('first'))[:120].replace('|', '/')}"]
+        for kind, f in failures.items()
+    ] or [["failed calls", "none"]]
+    return ["", "measured"], rows
+
+
 def _flat(value: object, path: tuple[str, ...]) -> Iterable[Row]:
     if isinstance(value, dict):
         for key, item in value.items():  # pyright: ignore[reportUnknownVariableType]
@@ -257,6 +284,7 @@ ROWS: dict[str, Callable[[Json], tuple[Row, list[Row]]]] = {
     "bench": _bench_rows,
     "memory": _memory_rows,
     "sessions": _sessions_rows,
+    "soak": _soak_rows,
 }
 
 
