@@ -1,12 +1,13 @@
 """Real MCP clients against `serve --http` with a bearer token, as a team's users connect (../shared/CLIENTS.md):
-the MCP Inspector CLI, Claude Code and Gemini CLI, each from the npm cache in a throwaway HOME, against the
+the MCP Inspector CLI, Claude Code, Gemini CLI and Codex, each from the npm cache in a throwaway HOME, against the
 installed console script on loopback (bubblewrap, the cheapest engine to start) with a tokens file. Each is also
 given a wrong token, or none, and must fail: the proof the checks are not blind. Claude Code also runs a call
 that a scripted stand-in model asks for (tests/support/model_stand_ins.py), over HTTP.
 
-One server serves the module; its log is read for the principal each call ran as. About 15 seconds in all
-after the clients are installed (the Inspector's five runs about 1.5 s each, the `mcp list`s 1 to 3 s, the
-agent's call 5 to 10 s): the only test of the clients a team uses against the HTTP face.
+One server serves the module; its log is read for the principal each call ran as. About 25 seconds in all once
+the clients are installed (measured on the shared 2-core machine under load: the server's start with the engine
+check about 5, each CLI run 1 to 2, the agent's turn about 3), worth it as the only test of the clients a team
+uses against the HTTP face. The first run installs Inspector 0.17.5 (about 20 seconds, 160 MB).
 """
 
 from __future__ import annotations
