@@ -56,9 +56,18 @@ def _is_png(data: str) -> bool:
 
 def _codex_call(codex: str, home: Path, tool: str, arguments: JSON) -> JSON:
     """`mcpServer/tool/call` in a fresh ephemeral thread of `codex app-server`: the result Codex relays."""
+    answer = _codex_answer(codex, home, "llm-sandbox", tool, arguments)
+    assert "result" in answer, answer
+    result: JSON = answer["result"]
+    return result
+
+
+def _codex_answer(codex: str, home: Path, server_name: str, tool: str, arguments: JSON, **env: str) -> JSON:
+    """The JSON-RPC answer (`result` or `error`) of `codex app-server` to `mcpServer/tool/call` of `tool` on the
+    configured server `server_name`, in a fresh ephemeral thread, with `env` added to Codex's environment."""
     with subprocess.Popen(
         [codex, "app-server", *CODEX_OFFLINE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, text=True, env=_env(home), cwd=home,
+        stderr=subprocess.DEVNULL, text=True, env=_env(home, **env), cwd=home,
     ) as server:  # fmt: skip
         assert server.stdin is not None and server.stdout is not None
         stdin = server.stdin
@@ -84,12 +93,10 @@ def _codex_call(codex: str, home: Path, tool: str, arguments: JSON) -> JSON:
                 if message.get("id") == 1:
                     assert "result" in message, message
                     thread = message["result"]["thread"]["id"]
-                    params = {"server": "llm-sandbox", "threadId": thread, "tool": tool, "arguments": arguments}
+                    params = {"server": server_name, "threadId": thread, "tool": tool, "arguments": arguments}
                     send({"id": 2, "method": "mcpServer/tool/call", "params": params})
                 elif message.get("id") == 2:
-                    assert "result" in message, message
-                    result: JSON = message["result"]
-                    return result
+                    return message
         finally:
             watchdog.cancel()
             server.kill()

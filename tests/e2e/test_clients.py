@@ -18,9 +18,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.docker]
 CLIENTS = Path.home() / ".cache" / "llm-sandbox-mcp-tests" / "clients"
 
 
-def _npm_client(package: str, binary: str) -> Path:
-    """Install an npm client once into a cache (the npm registry is reachable; later runs reuse it)."""
-    prefix = CLIENTS / binary
+def _npm_client(package: str, binary: str, folder: str | None = None) -> Path:
+    """Install an npm client once into a cache (the npm registry is reachable; later runs reuse it), in
+    `folder` (default: the binary's name; another one for a second version of the same client)."""
+    prefix = CLIENTS / (folder or binary)
     path = prefix / "bin" / binary
     if not path.exists():
         npm = shutil.which("npm")
