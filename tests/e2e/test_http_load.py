@@ -1,8 +1,9 @@
 """A bounded load test of `serve --http` on loopback: four principals calling at once, each with as many calls in
 flight as its quota allows, on bubblewrap (the cheapest engine to start).
 
-Worth its ~15 s: it is the one test where principals overlap on one server, so a session, a job or a quota
-that leaked from one principal to another under concurrency shows here and nowhere else.
+Worth its 10 to 20 s (the server's start included, by the machine's load): it is the one test where principals
+overlap on one server, so a session, a job or a quota that leaked from one principal to another under
+concurrency shows here and nowhere else.
 """
 
 from __future__ import annotations
