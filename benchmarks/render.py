@@ -60,6 +60,13 @@ SECTIONS: dict[str, tuple[str, str]] = {
         "server accounts for it (from the request reaching its code to the answer ready for the wire), what is "
         "outside that account (the client, the pipes, JSON-RPC in and out), and the floors of the same run.",
     ),
+    "http": (
+        "Over HTTP against stdio (`benchmarks/http_vs_stdio.py`)",
+        "One server over stdio and one `serve --http` on loopback with a tokens file, same engine and settings, "
+        "driven alternately by the official client (over HTTP with a token): back-to-back `print(1)` and the "
+        "floor (a tool that does nothing), what HTTP adds to the median, and 16 `print(1)` calls with 8 in "
+        "flight on each, then from four principals at once over HTTP (4 calls, 2 in flight each).",
+    ),
     "bench": (
         "Sessions and single calls (`benchmarks/bench.py`)",
         "Sequential calls of one scenario, including a cell in a Python session.",
@@ -278,8 +285,34 @@ def stages_rows(report: Json) -> tuple[Row, list[Row]]:
     return ["ms", *names], rows
 
 
+def http_rows(report: Json) -> tuple[Row, list[Row]]:
+    """benchmarks/http_vs_stdio.py: each scenario on stdio and over HTTP, and what HTTP adds to its median."""
+    added = _dict(report.get("added_by_http_p50_ms"))
+    rows: list[Row] = []
+    for name, numbers in _dict(report.get("scenarios")).items():
+        on = _dict(numbers)
+        rows.append([name, _pair(_dict(on.get("stdio"))), _pair(_dict(on.get("http"))), f"{_ms(added.get(name))} ms"])
+    rates = _dict(report.get("calls_per_s_16_calls_8_in_flight"))
+    rounds = report.get("rounds")
+    of = f" (median of {rounds})" if isinstance(rounds, int) else ""
+    if rates.get("stdio") is not None or rates.get("http") is not None:
+        rows.append(
+            [
+                f"16 calls, 8 in flight{of}",
+                f"{_ms(rates.get('stdio'))} calls/s",
+                f"{_ms(rates.get('http'))} calls/s",
+                "",
+            ]
+        )
+    if rates.get("http, 4 principals") is not None:
+        name = f"16 calls, 8 in flight, from 4 principals at once{of}"
+        rows.append([name, "", f"{_ms(rates.get('http, 4 principals'))} calls/s", ""])
+    return ["", "stdio p50 / p95", "HTTP p50 / p95", "HTTP adds (p50)"], rows
+
+
 ROWS: dict[str, Callable[[Json], tuple[Row, list[Row]]]] = {
     "stages": stages_rows,
+    "http": http_rows,
     "table": _table_rows,
     "bench": _bench_rows,
     "memory": _memory_rows,
