@@ -18,6 +18,7 @@ from llm_sandbox_mcp.run.executor import Executor
 from llm_sandbox_mcp.seccomp.policy import AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, SYSCALLS
 from tests.engines.conftest import RecordingBackend, engine_settings
 from tests.support.memory import RssWindow
+from tests.support.survivors import LISTING, survivors
 
 pytestmark = pytest.mark.anyio
 
@@ -325,16 +326,9 @@ async def test_a_timeout_kills_every_process_and_keeps_partial_output(
         )
         assert result.timed_out
         assert result.stdout == b"started\n"
-        # Every live process's command line (zombies are dead): by their arguments, the call's processes are told
-        # from PID 1, its idle sleeper (`sleep 86400`, which PID 1 starts again within 0.2 s of the kill) and this
-        # listing's own.
-        listing = (
-            "for p in /proc/[0-9]*; do grep -q 'State:.*Z' $p/status || { tr '\\0' ' ' < $p/cmdline; echo; }; done"
-        )
-        survivors = await backend.exec(ref, ["sh", "-c", listing], timeout=10)
-        alive = survivors.stdout.decode().splitlines()
-        assert any(line.startswith("sh -c for p in") for line in alive), alive  # the listing sees itself
-        assert not [line for line in alive if "sleep 1000" in line or "while True" in line], alive
+        listing = await backend.exec(ref, ["sh", "-c", LISTING], timeout=10)
+        alive = survivors(listing.stdout)
+        assert alive == [], alive
     finally:
         await backend.destroy(ref)
 

@@ -37,6 +37,7 @@ from tests.engines import kube
 from tests.engines.conftest import engine_settings, require_now
 from tests.engines.test_kubernetes_rbac import deployed_role, granted
 from tests.hostile.test_boundary import STOP_NEWCOMERS
+from tests.support.survivors import LISTING, survivors
 
 pytestmark = [pytest.mark.anyio, pytest.mark.kubernetes]
 
@@ -480,8 +481,8 @@ async def test_a_process_keeps_its_pipes_open_until_closed(backend: Threaded, na
     finally:
         await process.aclose()
     await backend.kill_all(ref)
-    survivors = await backend.exec(ref, ["sh", "-c", "cat /proc/[0-9]*/comm"], timeout=10)
-    assert [name for name in survivors.stdout.decode().split() if name not in ("perl", "sh", "cat")] == ["sleep"]
+    listing = await backend.exec(ref, ["sh", "-c", LISTING], timeout=10)
+    assert survivors(listing.stdout) == []
 
 
 def test_unreachable_or_unconfigured_clusters_are_unavailable(tmp_path: Path) -> None:
@@ -525,5 +526,5 @@ async def test_a_kill_that_the_pods_own_code_stops_still_ends_everything(
     pods = read(core.list_namespaced_pod, namespace)["items"]
     if not any(p["metadata"]["name"] == ref.id and not p["metadata"].get("deletionTimestamp") for p in pods):
         return  # deleted
-    survivors = await backend.exec(ref, ["sh", "-c", "cat /proc/[0-9]*/comm"], timeout=30)
-    assert [name for name in survivors.stdout.decode().split() if name not in ("perl", "sh", "cat")] == ["sleep"]
+    listing = await backend.exec(ref, ["sh", "-c", LISTING], timeout=30)
+    assert survivors(listing.stdout) == []
