@@ -26,12 +26,12 @@ from mcp.client import ClientSession
 from mcp.client.session import ClientRequestContext, ElicitationFnT
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp_types import CallToolResult, ElicitRequestParams, ElicitResult, TextContent
+from mcp_types import CallToolResult, ElicitRequestParams, ElicitResult
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
 from tests.e2e.test_stdio import SCRIPT
 from tests.engines.conftest import require_now
-from tests.support.protocol import check_printed_1, check_tools, initialize_at
+from tests.support.protocol import check_printed_1, check_tools, initialize_at, structured_of, text_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.bubblewrap]
 
@@ -101,7 +101,7 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
     async def open_session() -> str:
         async with _client(Served(url, process, log, stdout), ALICE) as alice:
-            return _structured(await alice.call_tool("create_session", {}))["session_id"]
+            return structured_of(await alice.call_tool("create_session", {}))["session_id"]
 
     # Stopping with a session open: its sandbox goes with the server, which then ends by the signal it got.
     session_id = anyio.run(open_session)
@@ -123,18 +123,6 @@ async def _client(
     transport = streamable_http_client(served.url, http_client=http)
     async with http, Client(transport, mode=mode, elicitation_callback=elicitation_callback) as client:
         yield client
-
-
-def _text(result: CallToolResult) -> str:
-    first = result.content[0]
-    assert isinstance(first, TextContent)
-    return first.text
-
-
-def _structured(result: CallToolResult) -> dict[str, Any]:
-    assert not result.is_error, _text(result)
-    assert result.structured_content is not None
-    return result.structured_content
 
 
 @pytest.mark.parametrize("version", [*HANDSHAKE_PROTOCOL_VERSIONS, *MODERN_PROTOCOL_VERSIONS, "discovery"])
@@ -182,16 +170,16 @@ async def test_a_request_without_a_known_token_gets_401_and_the_bearer_challenge
 async def test_one_principals_sessions_and_jobs_are_not_found_for_another(served: Served) -> None:
     with anyio.fail_after(120):
         async with _client(served, ALICE) as alice:
-            session_id = _structured(await alice.call_tool("create_session", {}))["session_id"]
+            session_id = structured_of(await alice.call_tool("create_session", {}))["session_id"]
             await alice.call_tool("execute_code", {"code": "secret = 41", "session_id": session_id})
             upload = {"session_id": session_id, "path": "mine.txt", "content": "alice's"}
             assert not (await alice.call_tool("upload_file", upload)).is_error
             job = {"code": "import time\ntime.sleep(1)\nprint('done')", "background": True}
-            job_id = _structured(await alice.call_tool("execute_code", job))["job_id"]
+            job_id = structured_of(await alice.call_tool("execute_code", job))["job_id"]
             refused = await alice.call_tool("create_session", {})
-            assert refused.is_error and "SANDBOX_HTTP_MAX_SESSIONS_PER_PRINCIPAL" in _text(refused)
+            assert refused.is_error and "SANDBOX_HTTP_MAX_SESSIONS_PER_PRINCIPAL" in text_of(refused)
             async with _client(served, BOB) as bob:
-                assert _structured(await bob.call_tool("list_sessions", {}))["sessions"] == []
+                assert structured_of(await bob.call_tool("list_sessions", {}))["sessions"] == []
                 tries = [
                     ("execute_code", {"code": "print(secret)", "session_id": session_id}),
                     ("list_files", {"session_id": session_id}),
@@ -202,23 +190,23 @@ async def test_one_principals_sessions_and_jobs_are_not_found_for_another(served
                 ]
                 for tool, arguments in tries:
                     answer = await bob.call_tool(tool, arguments)
-                    assert answer.is_error and "no session with that id" in _text(answer), (tool, _text(answer))
+                    assert answer.is_error and "no session with that id" in text_of(answer), (tool, text_of(answer))
                 for tool in ("get_job", "cancel_job"):
                     answer = await bob.call_tool(tool, {"job_id": job_id})
-                    assert answer.is_error and "is not known" in _text(answer), (tool, _text(answer))
+                    assert answer.is_error and "is not known" in text_of(answer), (tool, text_of(answer))
                 # Bob's own session is his, within his own quota: Alice's session does not count against it.
-                own = _structured(await bob.call_tool("create_session", {}))["session_id"]
-                assert [s["session_id"] for s in _structured(await bob.call_tool("list_sessions", {}))["sessions"]] == [
-                    own
-                ]
+                own = structured_of(await bob.call_tool("create_session", {}))["session_id"]
+                assert [
+                    s["session_id"] for s in structured_of(await bob.call_tool("list_sessions", {}))["sessions"]
+                ] == [own]
                 assert not (await bob.call_tool("close_session", {"session_id": own})).is_error
-            mine = _structured(await alice.call_tool("list_sessions", {}))["sessions"]
+            mine = structured_of(await alice.call_tool("list_sessions", {}))["sessions"]
             assert [s["session_id"] for s in mine] == [session_id]
             kept = await alice.call_tool("execute_code", {"code": "print(secret + 1)", "session_id": session_id})
-            assert _structured(kept)["stdout"] == "42\n"
+            assert structured_of(kept)["stdout"] == "42\n"
             downloaded = await alice.call_tool("download_file", {"session_id": session_id, "path": "mine.txt"})
-            assert _structured(downloaded)["content"] == "alice's"
-            finished = _structured(await alice.call_tool("get_job", {"job_id": job_id, "wait": 30}))
+            assert structured_of(downloaded)["content"] == "alice's"
+            finished = structured_of(await alice.call_tool("get_job", {"job_id": job_id, "wait": 30}))
             assert finished["status"] == "finished" and finished["stdout"] == "done\n"
             assert not (await alice.call_tool("close_session", {"session_id": session_id})).is_error
 
@@ -234,10 +222,10 @@ async def test_over_stateless_http_the_person_is_asked_in_the_calls_result(serve
 
     with anyio.fail_after(120):
         async with _client(served, ALICE, elicitation_callback=person) as alice:
-            session_id = _structured(await alice.call_tool("create_session", {"network": []}))["session_id"]
+            session_id = structured_of(await alice.call_tool("create_session", {"network": []}))["session_id"]
             try:
                 arguments = {"session_id": session_id, "host": "api.example.org", "reason": "the API"}
-                answer = _structured(await alice.call_tool("request_network", arguments))
+                answer = structured_of(await alice.call_tool("request_network", arguments))
             finally:
                 await alice.call_tool("close_session", {"session_id": session_id})
     assert answer["decision"] == "granted" and answer["allowed_hosts"] == ["api.example.org"]
@@ -258,9 +246,9 @@ async def test_calls_past_a_principals_quota_are_refused_while_others_call_on(se
                     tasks.start_soon(call)
                 await anyio.sleep(2)  # both in progress: the server has their sandboxes sleeping
                 refused = await alice.call_tool("get_supported_languages", {})
-                assert refused.is_error and "SANDBOX_HTTP_MAX_CALLS_PER_PRINCIPAL" in _text(refused)
+                assert refused.is_error and "SANDBOX_HTTP_MAX_CALLS_PER_PRINCIPAL" in text_of(refused)
                 assert not (await bob.call_tool("get_supported_languages", {})).is_error
-            assert [_structured(answer)["stdout"] for answer in answers] == ["slept\n"] * MAX_CALLS
+            assert [structured_of(answer)["stdout"] for answer in answers] == ["slept\n"] * MAX_CALLS
             assert not (await alice.call_tool("get_supported_languages", {})).is_error
 
 
@@ -304,7 +292,7 @@ async def test_every_call_leaves_an_audit_line_without_the_code_its_output_or_a_
         async with _client(served, ALICE) as alice:
             assert not (await alice.call_tool("list_sessions", {})).is_error
         async with _client(served, BOB) as bob:
-            assert _structured(await bob.call_tool("execute_code", {"code": code}))["stdout"] == OUTPUT_MARK + "\n"
+            assert structured_of(await bob.call_tool("execute_code", {"code": code}))["stdout"] == OUTPUT_MARK + "\n"
             failing = await bob.call_tool("execute_code", {"code": "1", "language": "cobol"})
             assert failing.is_error
         log = served.log.read_text()

@@ -18,7 +18,6 @@ from collections.abc import AsyncGenerator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import anyio
 import httpx2
@@ -26,10 +25,11 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp_types import CallToolResult, TextContent
+from mcp_types import CallToolResult
 
 from tests.e2e.test_stdio import SCRIPT
 from tests.engines.conftest import require_now
+from tests.support.protocol import structured_of, text_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.bubblewrap]
 
@@ -99,20 +99,8 @@ async def _client(served: Served, principal: str) -> AsyncGenerator[Client]:
         yield client
 
 
-def _text(result: CallToolResult) -> str:
-    first = result.content[0]
-    assert isinstance(first, TextContent)
-    return first.text
-
-
-def _structured(result: CallToolResult) -> dict[str, Any]:
-    assert not result.is_error, _text(result)
-    assert result.structured_content is not None
-    return result.structured_content
-
-
 def _refused(result: CallToolResult, words: str) -> None:
-    assert result.is_error and words in _text(result), _text(result)
+    assert result.is_error and words in text_of(result), text_of(result)
 
 
 class Board:
@@ -130,13 +118,13 @@ class Board:
 
 async def _one_principal(served: Served, me: str, board: Board) -> None:
     async with _client(served, me) as client:
-        session_id = _structured(await client.call_tool("create_session", {}))["session_id"]
+        session_id = structured_of(await client.call_tool("create_session", {}))["session_id"]
         _refused(await client.call_tool("create_session", {}), "SANDBOX_HTTP_MAX_SESSIONS_PER_PRINCIPAL")
-        _structured(await client.call_tool("execute_code", {"code": f"me = {me!r}", "session_id": session_id}))
+        structured_of(await client.call_tool("execute_code", {"code": f"me = {me!r}", "session_id": session_id}))
         upload = {"session_id": session_id, "path": "mine.txt", "content": me}
-        _structured(await client.call_tool("upload_file", upload))
+        structured_of(await client.call_tool("upload_file", upload))
         job = {"code": f"import time\ntime.sleep(1)\nprint({me!r})", "background": True}
-        job_id = _structured(await client.call_tool("execute_code", job))["job_id"]
+        job_id = structured_of(await client.call_tool("execute_code", job))["job_id"]
         board.post(me, session_id, job_id)
         await board.all_posted.wait()
 
@@ -144,10 +132,10 @@ async def _one_principal(served: Served, me: str, board: Board) -> None:
             for i in range(ONE_SHOTS):
                 said = f"{me} {lane} {i}"
                 result = await client.call_tool("execute_code", {"code": f"print({said!r})"})
-                assert _structured(result)["stdout"] == said + "\n"
+                assert structured_of(result)["stdout"] == said + "\n"
 
         async def looking_at_the_others() -> None:
-            listed = _structured(await client.call_tool("list_sessions", {}))["sessions"]
+            listed = structured_of(await client.call_tool("list_sessions", {}))["sessions"]
             assert [session["session_id"] for session in listed] == [session_id]
             for other, (their_session, their_job) in board.ids.items():
                 if other == me:
@@ -161,9 +149,9 @@ async def _one_principal(served: Served, me: str, board: Board) -> None:
                     _refused(await client.call_tool(tool, arguments), NOT_FOUND)
                 _refused(await client.call_tool("get_job", {"job_id": their_job}), "is not known")
             mine = await client.call_tool("execute_code", {"code": "print(me)", "session_id": session_id})
-            assert _structured(mine)["stdout"] == me + "\n"
+            assert structured_of(mine)["stdout"] == me + "\n"
             downloaded = await client.call_tool("download_file", {"session_id": session_id, "path": "mine.txt"})
-            assert _structured(downloaded)["content"] == me
+            assert structured_of(downloaded)["content"] == me
 
         # QUOTA lanes at once, while the other principals run theirs.
         async with anyio.create_task_group() as lanes:
@@ -181,7 +169,7 @@ async def _one_principal(served: Served, me: str, board: Board) -> None:
 
             code = f"import time\ntime.sleep(3)\nprint('held {i}')"
             result = await client.call_tool("execute_code", {"code": code}, progress_callback=progressed)
-            held.append(_structured(result)["stdout"])
+            held.append(structured_of(result)["stdout"])
 
         async with anyio.create_task_group() as holding:
             for i in range(QUOTA):
@@ -191,10 +179,10 @@ async def _one_principal(served: Served, me: str, board: Board) -> None:
             _refused(await client.call_tool("get_supported_languages", {}), "SANDBOX_HTTP_MAX_CALLS_PER_PRINCIPAL")
         assert sorted(held) == [f"held {i}\n" for i in range(QUOTA)]
 
-        finished = _structured(await client.call_tool("get_job", {"job_id": job_id, "wait": 30}))
+        finished = structured_of(await client.call_tool("get_job", {"job_id": job_id, "wait": 30}))
         assert finished["status"] == "finished" and finished["stdout"] == me + "\n"
-        _structured(await client.call_tool("close_session", {"session_id": session_id}))
-        assert _structured(await client.call_tool("list_sessions", {}))["sessions"] == []
+        structured_of(await client.call_tool("close_session", {"session_id": session_id}))
+        assert structured_of(await client.call_tool("list_sessions", {}))["sessions"] == []
 
 
 async def test_four_principals_calling_at_once_each_see_only_their_own_within_their_quota(served: Served) -> None:

@@ -20,9 +20,10 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from tests.e2e.test_http import _environment, _free_port, _structured  # pyright: ignore[reportPrivateUsage]
+from tests.e2e.test_http import _environment, _free_port  # pyright: ignore[reportPrivateUsage]
 from tests.e2e.test_stdio import SCRIPT
 from tests.engines.conftest import require_now
+from tests.support.protocol import structured_of
 from tests.support.authorization_server import CLIENT_ID, CLIENT_SECRET, AuthorizationServer, authorization_server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.bubblewrap]
@@ -81,7 +82,7 @@ async def test_an_operator_configured_oauth_server_serves_its_tokens_and_challen
     with anyio.fail_after(120):
         http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
         async with http, Client(streamable_http_client(f"{base}/mcp", http_client=http)) as client:
-            result = _structured(await client.call_tool("execute_code", {"code": "print(6 * 7)"}))
+            result = structured_of(await client.call_tool("execute_code", {"code": "print(6 * 7)"}))
             assert result["stdout"] == "42\n"
         plain = httpx2.AsyncClient()
         async with plain:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from mcp.client import ClientSession
 from mcp_types import (
@@ -79,3 +80,17 @@ def check_printed_1(result: CallToolResult, version: str) -> None:
     assert payload["stdout"] == "1\n" and payload["exit_code"] == 0
     if is_version_at_least(version, "2025-06-18"):
         assert result.structured_content == payload
+
+
+def text_of(result: CallToolResult) -> str:
+    """A tool result's first content, which must be text."""
+    first = result.content[0]
+    assert isinstance(first, TextContent)
+    return first.text
+
+
+def structured_of(result: CallToolResult) -> dict[str, Any]:
+    """A successful tool result's structured content."""
+    assert not result.is_error, text_of(result)
+    assert result.structured_content is not None
+    return result.structured_content
