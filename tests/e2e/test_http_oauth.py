@@ -23,8 +23,8 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from tests.e2e.test_http import _environment, _free_port  # pyright: ignore[reportPrivateUsage]
 from tests.e2e.test_stdio import SCRIPT
 from tests.engines.conftest import require_now
-from tests.support.protocol import structured_of
 from tests.support.authorization_server import CLIENT_ID, CLIENT_SECRET, AuthorizationServer, authorization_server
+from tests.support.protocol import structured_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.bubblewrap]
 
