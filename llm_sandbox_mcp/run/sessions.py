@@ -111,6 +111,8 @@ class SessionRegistry:
         # Why a recently closed session is gone, with its owner: told to that owner only.
         self._why_gone: dict[str, tuple[str, str]] = {}
         self.secrets = SessionSecrets(settings)
+        # The operator's ceiling (SANDBOX_SESSION_ALLOW_HOSTS), parsed once: every session call reads it.
+        self._ceiling = ceiling_rules(settings.sandbox_session_allow_hosts)
 
     async def create(
         self,
@@ -181,7 +183,12 @@ class SessionRegistry:
     def _proxied(self, wanted: list[str]) -> bool:
         """Whether a session asking for `wanted` gets a proxy: any host, or none yet (`[]`, to ask for hosts
         later with request_network) where the operator lists hosts and the engine reaches the proxy."""
-        return bool(wanted) or bool(self.settings.sandbox_session_allow_hosts and self.executor.reaches_egress_proxy)
+        return bool(wanted) or self._hosts_can_be_asked()
+
+    def _hosts_can_be_asked(self) -> bool:
+        """Whether sessions here may ever be given hosts: the operator lists some, and the engine's sandboxes
+        reach the proxy."""
+        return bool(self._ceiling) and self.executor.reaches_egress_proxy
 
     def _egress(self, wanted: list[str]) -> EgressPolicy:
         """The hosts a session asked for, each within SANDBOX_SESSION_ALLOW_HOSTS; explicit where the operator
@@ -191,7 +198,7 @@ class SessionRegistry:
                 f"Sessions on {self.executor.engine} cannot be given hosts: its sandboxes cannot reach the "
                 "server's egress proxy"
             )
-        allowed = ceiling_rules(self.settings.sandbox_session_allow_hosts)
+        allowed = self._ceiling
         if not allowed:
             raise InvalidRequest(
                 "This server lets sessions reach no hosts (the operator lists the hosts sessions may ask for in "
@@ -216,8 +223,7 @@ class SessionRegistry:
         session = self._sessions.get(session_id)
         if session is None or session.owner != owner or session.egress is None:
             return None
-        ceiling = ceiling_rules(self.settings.sandbox_session_allow_hosts)
-        return question_for(session.id, session.language.name, session.egress, host, reason, ceiling)
+        return question_for(session.id, session.language.name, session.egress, host, reason, self._ceiling)
 
     async def ask_person(self, session_id: str, message: str, ask: Ask, owner: str = "") -> Reply:
         """Ask the person `message` (from `network_question`) for a session, one question at a time."""
@@ -233,7 +239,7 @@ class SessionRegistry:
             raise InvalidRequest(
                 f"Session {session.id} has no proxy to allow hosts through: it was created without network=[...]. "
                 "Create a session with network=[] (or the hosts it needs) to ask for hosts later"
-                if self.settings.sandbox_session_allow_hosts and self.executor.reaches_egress_proxy
+                if self._hosts_can_be_asked()
                 else f"This server lets sessions reach no hosts ({SESSION_SETTING} is unset, or sessions on "
                 f"{self.executor.engine} cannot reach the server's proxy)"
             )
@@ -243,7 +249,7 @@ class SessionRegistry:
             session.asks,
             host,
             reason,
-            ceiling_rules(self.settings.sandbox_session_allow_hosts),
+            self._ceiling,
             reply,
             self.settings.sandbox_session_grant_unasked,
         )
@@ -375,7 +381,7 @@ class SessionRegistry:
                     session.egress.window = None
         execution.session_id = session.id
         if window is not None:
-            execution.network_refused = refusal_lines(window, ceiling_rules(self.settings.sandbox_session_allow_hosts))
+            execution.network_refused = refusal_lines(window, self._ceiling)
         return execution if session.secrets is None else redact_execution(execution, session.secrets)
 
     async def _relay(self, session: Session) -> None:
