@@ -11,12 +11,12 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import PurePosixPath
-from typing import Generic, Protocol, TypeVar, cast
+from typing import Generic, Protocol, TypeVar
 
 import anyio.from_thread
 import anyio.to_thread
 
-from llm_sandbox_mcp.backends import ImageBuild, ImageInfo, SandboxProcess
+from llm_sandbox_mcp.backends import ImageBuild, ImageInfo, SandboxProcess, SharedMemoryLimit
 from llm_sandbox_mcp.errors import EngineStalled, SandboxFailure
 from llm_sandbox_mcp.models import WORKDIR, ExecResult, OutputListener, SandboxRef, SandboxSpec, Stream
 
@@ -197,13 +197,11 @@ class Threaded:
 
     def limit_sandboxes_together(self, total: int) -> None:
         """`SharedMemoryLimit`, where the engine has it; a no-op where it has not."""
-        limit = getattr(self.engine, "limit_sandboxes_together", None)
-        if limit is not None:
-            limit(total)
+        if isinstance(self.engine, SharedMemoryLimit):
+            self.engine.limit_sandboxes_together(total)
 
     def sandboxes_memory(self) -> int | None:
-        measure = getattr(self.engine, "sandboxes_memory", None)
-        return None if measure is None else cast("int | None", measure())
+        return self.engine.sandboxes_memory() if isinstance(self.engine, SharedMemoryLimit) else None
 
     async def aclose(self) -> None:
         await anyio.to_thread.run_sync(self._close)
