@@ -294,14 +294,19 @@ _ENGINE_MODULES = {
 }
 
 
+# Engines that share host state outside any engine (the daemonless backends' state directory and its sweep, the
+# host's library stores, host-wide /proc looks for one marker), so their tests run in one group, one at a time.
+_SHARED_HOST_STATE = {"bubblewrap": "daemonless", "nsjail": "daemonless"}
+
+
 def xdist_group(item: pytest.Item) -> str | None:
     """The engine a test runs on, as its pytest-xdist group: with `--dist loadgroup` (scripts/test) each engine's
     tests run one at a time on one worker while other engines' run beside them, as they did in one process."""
     params: dict[str, object] = getattr(getattr(item, "callspec", None), "params", {})
-    engine = params.get("engine")
-    if isinstance(engine, str):
-        return engine
-    return _ENGINE_MODULES.get(item.path.name)
+    # The engine parameter has other names in some modules (`proxied`, `remote`): any value naming an engine.
+    named = [value for value in params.values() if isinstance(value, str) and value in ENGINES]
+    engine = named[0] if named else _ENGINE_MODULES.get(item.path.name)
+    return None if engine is None else _SHARED_HOST_STATE.get(engine, engine)
 
 
 def select_and_group(
