@@ -115,10 +115,12 @@ async def test_a_burst_of_library_sets_cannot_pass_the_total() -> None:
 
 def test_cache_list_shows_every_cache_with_its_size_and_libraries(capsys: pytest.CaptureFixture[str]) -> None:
     CacheIndex().record(CacheEntry("docker", "0123456789abcdef", "python", ("pandas",), 300 * MIB, time.time()))
+    CacheIndex().record(CacheEntry("docker", "fedcba9876543210", "python", ("six",), 1 * MIB, time.time(), "alice"))
     assert main(["cache", "list"]) == 0
     out = capsys.readouterr().out
     assert "docker" in out and "0123456789ab" in out and "300.0 MiB" in out and "pandas" in out
-    assert "1 caches, 300.0 MiB" in out
+    assert "six  (principal alice)" in out and "pandas  (principal" not in out
+    assert "2 caches, 301.0 MiB" in out
 
 
 # Names no tokens file or OAuth subject allows, which the run core must treat as opaque all the same.
