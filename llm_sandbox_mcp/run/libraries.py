@@ -215,6 +215,7 @@ class LibraryCache:
                     self._touched[key] = now
                     await anyio.to_thread.run_sync(self.index.touch, self.backend.name, key)
                 return key
+            await self._check_room(key, owner)
             network = self.network()
             install_limits = replace(
                 self.limits,
@@ -247,6 +248,27 @@ class LibraryCache:
             await self._evict(keep=key, owner=owner)
             self._ready[key] = self._touched[key] = time.monotonic()
             return key
+
+    async def _check_room(self, key: str, owner: str) -> None:
+        """Refuse before installing when `owner`'s stores used lately fill their quota already: none of them may
+        go, so whatever the new set's size, its store would be removed again (and the installer's work lost)."""
+        quota = self.quota(owner)
+        if quota is None:
+            return
+        entries = await anyio.to_thread.run_sync(self.index.entries, self.backend.name)
+        mine = [entry for entry in entries if entry.owner == owner]
+        if any(entry.key == key for entry in mine):
+            return  # installed already: its store is only checked
+        recent_since = time.time() - self.settings.sandbox_session_max_lifetime
+        held = sum(entry.size_bytes for entry in mine if entry.last_used >= recent_since)
+        if held >= quota:
+            hours = self.settings.sandbox_session_max_lifetime / 3600
+            raise InstallFailed(
+                f"Your library caches hold the {quota // 1024**2} MiB each user may hold on this server "
+                f"({QUOTA_SETTING}) already, in library sets you used within the last {hours:g} h, which a live "
+                f"session may still have mounted; nothing was installed. Use a set you installed before, or ask "
+                f"the operator to raise {QUOTA_SETTING}"
+            )
 
     async def _evict(self, keep: str, owner: str) -> None:
         """Least recently used stores of `owner` go until theirs fit their quota and this engine's all fit

@@ -201,19 +201,29 @@ async def test_past_their_quota_a_principals_own_least_recently_used_stores_go()
     assert {e.key for e in CacheIndex().entries()} == {bobs, second, third}
 
 
-async def test_a_principal_whose_recent_stores_fill_the_quota_is_refused_naming_the_setting() -> None:
-    """Stores used lately stay (a session may have one mounted): the set that does not fit is removed again and
-    its install fails, naming the quota. Over stdio there is no quota of a principal's own."""
+@pytest.mark.parametrize(
+    ("quota", "refusal", "installed"),
+    [
+        (2 * MIB, rf"hold the 2 MiB each user may hold on this server \({QUOTA_SETTING}\) already.*nothing was", False),
+        (5 * MIB // 2, rf"would pass the 2 MiB each user may hold on this server \({QUOTA_SETTING}\)", True),
+    ],
+    ids=["full-before-installing", "full-once-installed"],
+)
+async def test_a_principal_whose_recent_stores_fill_the_quota_is_refused_naming_the_setting(
+    quota: int, refusal: str, installed: bool
+) -> None:
+    """Stores used lately stay (a session may have one mounted): a set that cannot fit is refused, before its
+    install when the quota is full already, else once its size is known (its store removed again). Over stdio
+    there is no quota of a principal's own."""
     backend = installer(du_kib=1024)
-    settings = Settings(sandbox_pool_size=0, sandbox_http_max_cache_bytes_per_principal=2 * MIB)
+    settings = Settings(sandbox_pool_size=0, sandbox_http_max_cache_bytes_per_principal=quota)
     python = get_language("python")
     async with Executor(settings, backend) as executor:
         kept = [await executor.libraries.ensure(python, [name], "alice") for name in ("a", "b")]
-        with pytest.raises(
-            InstallFailed, match=rf"pass the 2 MiB each user may hold on this server \({QUOTA_SETTING}\)"
-        ):
+        with pytest.raises(InstallFailed, match=refusal):
             await executor.libraries.ensure(python, ["c"], "alice")
-        assert executor.libraries.key(python, ["c"], "alice") in backend.dropped
+        assert (python.install_argv(["c"]) in [call.argv for call in backend.calls]) == installed
+        assert (executor.libraries.key(python, ["c"], "alice") in backend.dropped) == installed
         for name in ("a", "b", "c"):
             await executor.libraries.ensure(python, [name])
     assert len([e for e in CacheIndex().entries() if e.owner == ""]) == 3
