@@ -1,4 +1,5 @@
-"""The record of library caches on this host: which engine holds each, how large it is, when it was last used.
+"""The record of library caches on this host: which engine holds each, whose it is, how large it is, when it was
+last used.
 
 Shared by every server of this user on this host (several MCP clients each start one), so it is a small JSON
 file updated under an exclusive lock. It is what `llm-sandbox-mcp cache list|prune` read, and what
@@ -43,6 +44,9 @@ class CacheEntry:
     libraries: tuple[str, ...]
     size_bytes: int
     last_used: float
+    # The principal whose store it is ("" for stdio's one implicit principal, and for entries written before
+    # stores had owners, which were all its).
+    owner: str = ""
 
 
 class CacheIndex:
@@ -78,8 +82,9 @@ class CacheIndex:
                     tuple(str(name) for name in item["libraries"]),
                     int(item["size_bytes"]),
                     float(item["last_used"]),
+                    str(item.get("owner", "")),
                 )
-            except (TypeError, KeyError, ValueError):
+            except (TypeError, KeyError, ValueError, AttributeError):
                 continue
             entries[f"{entry.engine}/{entry.key}"] = entry
         return entries

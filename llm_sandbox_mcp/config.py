@@ -232,6 +232,7 @@ class Settings(BaseSettings):
     sandbox_http_max_calls_per_principal: PositiveInt = 4
     sandbox_http_max_sessions_per_principal: PositiveInt = 4
     sandbox_http_max_jobs_per_principal: PositiveInt = 4
+    sandbox_http_max_cache_bytes_per_principal: Size = 4 * 1024**3
     sandbox_http_max_body: Size = 4 * 1024**2
     sandbox_http_request_timeout: PositiveFloat = 30.0
     sandbox_http_max_connections: PositiveInt = 256

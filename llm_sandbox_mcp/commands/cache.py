@@ -18,7 +18,9 @@ from llm_sandbox_mcp.errors import SandboxError
 def add_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
     cache = add("cache", help="list or prune the library caches on this host")
     commands = cache.add_subparsers(dest="cache_command", required=True)
-    commands.add_parser("list", help="every library cache: engine, language, size, when last used, libraries")
+    commands.add_parser(
+        "list", help="every library cache: engine, language, size, when last used, libraries, principal over HTTP"
+    )
     prune = commands.add_parser("prune", help="remove library caches of the configured engine not used lately")
     prune.add_argument(
         "--older-than", type=float, default=24.0, metavar="HOURS", help="unused for this long (default 24)"
@@ -31,9 +33,10 @@ def add_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
 def _line(entry: CacheEntry, now: float) -> str:
     idle = (now - entry.last_used) / 3600
     libraries = ", ".join(entry.libraries) or "(none: the language's own build cache)"
+    owner = f"  (principal {entry.owner})" if entry.owner else ""
     return (
         f"{entry.engine:<11} {entry.key[:12]}  {entry.language:<10} {entry.size_bytes / 1024**2:>8.1f} MiB  "
-        f"used {idle:>6.1f} h ago  {libraries}\n"
+        f"used {idle:>6.1f} h ago  {libraries}{owner}\n"
     )
 
 

@@ -3,9 +3,11 @@
 An entry is the binary a build produced in a pristine one-shot sandbox, handed to the supervisor by the run
 script before the program started (runners/go_run.sh), keyed by everything the build depends on: language,
 image (its id where the engine has one, the host compiler's file where the backend runs the host's), library
-store, run script, environment and source. Kept in this server's memory, not on disk: nothing else on the
-host can swap an entry, entries die with the server, and the bound is plain (bytes and entries, least
-recently used first out). Sessions never use it: their workspace files can be part of a build.
+store, run script, environment and source; and by the principal whose call built it (no one's build is a hit
+for another: its speed would tell them that someone ran the same program). Kept in this server's memory, not
+on disk: nothing else on the host can swap an entry, entries die with the server, and the bound is plain
+(bytes and entries, least recently used first out, the storing principal's own first). Sessions never use it:
+their workspace files can be part of a build.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class Plan:
     binary: bytes | None = None
     # The largest binary this build may hand over.
     limit: int = 0
+    # Whose build it is.
+    owner: str = ""
 
     @property
     def mode(self) -> str:
@@ -55,13 +59,15 @@ class Plan:
 
 
 class BuildCache:
-    """Binaries by key, bounded by `size` bytes (0: off) and MAX_ENTRIES; least recently used go first."""
+    """Binaries by key, bounded by `size` bytes (0: off) and MAX_ENTRIES; least recently used go first, those of
+    the principal storing one before anyone else's."""
 
     def __init__(self, backend: Backend, size: int) -> None:
         self.backend = backend
         self.size = size
         self.limit = min(MAX_BINARY, size)
         self._entries: OrderedDict[str, bytes] = OrderedDict()
+        self._owners: dict[str, str] = {}
         self._bytes = 0
         self._identities: dict[str, tuple[float, str]] = {}
         self.hits = 0
@@ -74,17 +80,19 @@ class BuildCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    async def plan(self, lang: Language, spec: SandboxSpec, source: bytes, lookup: bool = True) -> Plan:
-        """The plan of a one-shot run of `source`: a hit unless `lookup` is false, else a build to keep."""
+    async def plan(
+        self, lang: Language, spec: SandboxSpec, source: bytes, lookup: bool = True, owner: str = ""
+    ) -> Plan:
+        """The plan of `owner`'s one-shot run of `source`: a hit unless `lookup` is false, else a build to keep."""
         if not self.size or any(marker in source for marker in _UNCACHEABLE.get(lang.name, ())):
             return Plan(None)
-        key = await self.key(lang, spec, source)
+        key = await self.key(lang, spec, source, owner)
         binary = self.get(key) if lookup else None
         # A hit holds the binary in the runner's memory and the workspace while it is written: a binary too
         # large for the sandbox's memory would end the run there instead of running it.
-        return Plan(key, binary, min(self.limit, spec.limits.memory_bytes // 8))
+        return Plan(key, binary, min(self.limit, spec.limits.memory_bytes // 8), owner)
 
-    async def key(self, lang: Language, spec: SandboxSpec, source: bytes) -> str:
+    async def key(self, lang: Language, spec: SandboxSpec, source: bytes, owner: str = "") -> str:
         identity = [
             _KEY_VERSION,
             lang.name,
@@ -94,6 +102,7 @@ class BuildCache:
             hashlib.sha256("".join(map(runner_source, RUN_SCRIPTS[lang.name])).encode()).hexdigest(),
             sandbox_env(lang, with_libraries=spec.cache is not None),
             hashlib.sha256(source).hexdigest(),
+            owner,
         ]
         return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
@@ -104,21 +113,23 @@ class BuildCache:
             self.hits += 1
         return binary
 
-    def put(self, key: str, binary: bytes, limit: int | None = None) -> bool:
-        """Keep `binary`; False when it is empty or larger than one entry (or `limit`) may be."""
+    def put(self, key: str, binary: bytes, limit: int | None = None, owner: str = "") -> bool:
+        """Keep `owner`'s `binary`; False when it is empty or larger than one entry (or `limit`) may be."""
         if not binary or len(binary) > min(self.limit, self.limit if limit is None else limit):
             return False
         self.forget(key)
         self._entries[key] = binary
+        self._owners[key] = owner
         self._bytes += len(binary)
         while self._bytes > self.size or len(self._entries) > MAX_ENTRIES:
-            _, old = self._entries.popitem(last=False)
-            self._bytes -= len(old)
+            mine = (old for old in self._entries if old != key and self._owners[old] == owner)
+            self.forget(next(mine, next(iter(self._entries))))
         self.stores += 1
         return True
 
     def forget(self, key: str) -> None:
         old = self._entries.pop(key, None)
+        self._owners.pop(key, None)
         if old is not None:
             self._bytes -= len(old)
 

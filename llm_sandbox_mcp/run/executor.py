@@ -55,12 +55,14 @@ class _StaleBinary(Exception):
 
 @dataclass(frozen=True)
 class Program:
-    """Code to run, validated: a known language, a bounded source, a timeout within the maximum."""
+    """Code to run, validated: a known language, a bounded source, a timeout within the maximum; and whose call
+    it is (`owner`: the principal whose library stores and built programs it uses; "" for stdio's one)."""
 
     language: Language
     source: bytes
     timeout: float
     libraries: list[str]
+    owner: str = ""
 
 
 class Executor:
@@ -156,13 +158,15 @@ class Executor:
         """A short command in a leased sandbox, outside any run (what a session uses, say)."""
         return await self.backend.exec(lease.ref, argv, timeout=timeout, output_limit=output_limit)
 
-    def program(self, code: str, language: str, libraries: list[str], timeout: float | None) -> Program:
-        """Validate a request to run code. Raises InvalidRequest saying what to change."""
+    def program(
+        self, code: str, language: str, libraries: list[str], timeout: float | None, owner: str = ""
+    ) -> Program:
+        """Validate a request to run code (for `owner`). Raises InvalidRequest saying what to change."""
         lang = get_language(language)
         source = code.encode("utf-8", errors="replace")
         if len(source) > MAX_CODE_BYTES:
             raise InvalidRequest(f"code is {len(source)} bytes; the limit is {MAX_CODE_BYTES} bytes")
-        return Program(lang, source, self._timeout(timeout), lang.check_libraries(libraries))
+        return Program(lang, source, self._timeout(timeout), lang.check_libraries(libraries), owner)
 
     def _timeout(self, timeout: float | None) -> float:
         if timeout is None:
@@ -182,10 +186,15 @@ class Executor:
         return SandboxSpec(self.images.image(language.name), limits or self.limits, cache)
 
     async def _spec(
-        self, lang: Language, libraries: list[str], limits: Limits | None = None, live: Live | None = None
+        self,
+        lang: Language,
+        libraries: list[str],
+        limits: Limits | None = None,
+        live: Live | None = None,
+        owner: str = "",
     ) -> SandboxSpec:
         """The sandbox a run needs: on the project image once it is built (the base image meanwhile, and then
-        `live` says so), its libraries installed when it has any."""
+        `live` says so), its libraries installed (in `owner`'s store) when it has any."""
         await self.images.prepare(lang.name)
         if live is not None and self.images.pending(lang.name) is not None:
             base = self.settings.base_image_for(lang.name)
@@ -199,7 +208,7 @@ class Executor:
         if self.libraries.needed(lang, libraries):
             if live is not None:
                 live.phase = f"installing {', '.join(libraries)}" if libraries else "preparing the build cache"
-            key = await self.libraries.ensure(lang, libraries)
+            key = await self.libraries.ensure(lang, libraries, owner)
         return self.spec_for(lang, key, limits)
 
     async def warm(self, language: Language) -> None:
@@ -215,9 +224,10 @@ class Executor:
         libraries: list[str] | None = None,
         timeout: float | None = None,
         live: Live | None = None,
+        owner: str = "",
     ) -> Execution:
         """Run code once in a fresh sandbox, which is gone afterwards (also when cancelled)."""
-        return await self.execute_program(self.program(code, language, libraries or [], timeout), live)
+        return await self.execute_program(self.program(code, language, libraries or [], timeout, owner), live)
 
     async def execute_program(self, program: Program, live: Live | None = None) -> Execution:
         """`execute` for a program already validated (`program`)."""
@@ -225,7 +235,7 @@ class Executor:
         live.phase = "waiting for a free slot (SANDBOX_MAX_CONCURRENCY)"
         async with self.limiter:
             stages.mark("wait for a slot")
-            spec = await self._spec(program.language, program.libraries, live=live)
+            spec = await self._spec(program.language, program.libraries, live=live, owner=program.owner)
             stages.mark("the sandbox's spec (image, libraries)")
             for cached in (True, False):
                 live.phase = "starting the sandbox"
@@ -261,10 +271,12 @@ class Executor:
         live: Live | None = None,
         egress: bool = False,
         env: dict[str, str] | None = None,
+        owner: str = "",
     ) -> Lease:
         """A sandbox of its own (with its interpreter) for a session, outside the pool; `egress`: whether it may
-        reach an egress proxy (through a relay the caller starts); `env`: variables of its own."""
-        spec = await self._spec(lang, libraries, limits, live)
+        reach an egress proxy (through a relay the caller starts); `env`: variables of its own; `owner`: whose
+        library stores it mounts."""
+        spec = await self._spec(lang, libraries, limits, live, owner)
         spec = replace(spec, egress=egress, env=tuple(sorted((env or {}).items())))
         if live is not None:
             live.phase = "starting the sandbox"
@@ -360,7 +372,9 @@ class Executor:
         """For a compiled language under its warm runner: whether to build, and whether to hand the binary over."""
         if not isinstance(mode, OneShot) or program.language.name not in RUN_SCRIPTS or not lease.one_shot:
             return None
-        return await self.builds.plan(program.language, lease.ref.spec, program.source, lookup=mode.cached)
+        return await self.builds.plan(
+            program.language, lease.ref.spec, program.source, lookup=mode.cached, owner=program.owner
+        )
 
     def _keep_build(self, plan: Plan, kernel: Kernel, result: ExecResult) -> None:
         if plan.key is None:
@@ -377,7 +391,7 @@ class Executor:
                 self.builds.forget(plan.key)
                 raise _StaleBinary
         elif kernel.built is not None:
-            self.builds.put(plan.key, kernel.built, plan.limit)
+            self.builds.put(plan.key, kernel.built, plan.limit, plan.owner)
 
     async def probe(self, lang: Language) -> tuple[str, dict[str, str]]:
         """The runtime version the configured image really has, and the versions of the project image's

@@ -3,6 +3,11 @@
 The install runs in a short-lived sandbox whose only way out is the egress proxy, allowing the registries of
 its language (SANDBOX_INSTALL_NETWORK_MODE opens another network, explicitly); the sandboxes that run user
 code mount the finished store read-only and never get network.
+
+Every store has an owner: the principal whose call installed it. Over stdio there is one ("" here), whose keys
+are what they always were; a principal named over HTTP has keys of their own (the name is part of what the key
+hashes, so it never becomes a path or a volume name), so no one else's call reuses, mounts or evicts their
+stores, and their stores together stay within SANDBOX_HTTP_MAX_CACHE_BYTES_PER_PRINCIPAL.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import anyio
 
@@ -66,6 +71,21 @@ _CA_VARIABLES = (
     "NODE_EXTRA_CA_CERTS",
     "GIT_SSL_CAINFO",
 )
+
+
+QUOTA_SETTING = "SANDBOX_HTTP_MAX_CACHE_BYTES_PER_PRINCIPAL"
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """The most bytes a store may take, the setting that says so, and what that setting bounds (for errors)."""
+
+    size: int
+    setting: str
+    what: str
+
+    def said(self) -> str:
+        return f"the limit of {self.size // 1024**2} MiB {self.what} ({self.setting})"
 
 
 def _decode(data: bytes) -> str:
@@ -162,17 +182,32 @@ class LibraryCache:
         network but the proxy)."""
         return self.settings.sandbox_install_network_mode or self.backend.install_network
 
-    def key(self, lang: Language, specs: list[str]) -> str:
+    def key(self, lang: Language, specs: list[str], owner: str = "") -> str:
         """Language, image, specs, the registry they come from and the installer: a different mirror, or an
-        installer that writes another store (a new release's), is a different cache."""
+        installer that writes another store (a new release's), is a different cache. A named `owner` is hashed
+        in too (stdio's, "", is not: its keys stay those its stores were made under)."""
         registry = sorted(install_env(lang, self.settings).items())
         installer = hashlib.sha256(json.dumps(lang.install_argv(specs)).encode()).hexdigest()
-        identity = json.dumps([lang.name, self.image_of(lang.name), specs, registry, installer])
-        return hashlib.sha256(identity.encode()).hexdigest()[:32]
+        parts: list[object] = [lang.name, self.image_of(lang.name), specs, registry, installer]
+        if owner:
+            parts.append({"owner": owner})
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 
-    async def ensure(self, lang: Language, specs: list[str]) -> str:
-        """Install `specs` unless their store is complete; return the store's key."""
-        key = self.key(lang, specs)
+    def quota(self, owner: str) -> int | None:
+        """The most bytes `owner`'s stores may hold together: none of its own for stdio's one principal (the
+        total is its bound)."""
+        return self.settings.sandbox_http_max_cache_bytes_per_principal if owner else None
+
+    def _bound(self, owner: str) -> _Bound:
+        """What one store of `owner`'s may take: SANDBOX_CACHE_MAX_SIZE, or the owner's quota when smaller."""
+        quota = self.quota(owner)
+        if quota is not None and quota < self.settings.sandbox_cache_max_size:
+            return _Bound(quota, QUOTA_SETTING, "of library caches each user may hold")
+        return _Bound(self.settings.sandbox_cache_max_size, "SANDBOX_CACHE_MAX_SIZE", "for one library set")
+
+    async def ensure(self, lang: Language, specs: list[str], owner: str = "") -> str:
+        """Install `specs` for `owner` unless their store is complete; return the store's key."""
+        key = self.key(lang, specs, owner)
         async with self._locks[key]:
             now = time.monotonic()
             if now - self._ready.get(key, -_RECHECK_SECONDS) < _RECHECK_SECONDS:
@@ -180,6 +215,7 @@ class LibraryCache:
                     self._touched[key] = now
                     await anyio.to_thread.run_sync(self.index.touch, self.backend.name, key)
                 return key
+            await self._check_room(key, owner)
             network = self.network()
             install_limits = replace(
                 self.limits,
@@ -202,46 +238,85 @@ class LibraryCache:
                     egress=listener is not None,
                 )
                 with self.budget.held(install_limits.memory_bytes, "a library installer"):
-                    size = await self._install_in_sandbox(spec, lang, specs, key, listener)
+                    size = await self._install_in_sandbox(spec, lang, specs, key, listener, self._bound(owner))
             finally:
                 if listener is not None:
                     with anyio.CancelScope(shield=True):
                         await listener.aclose()
-            entry = CacheEntry(self.backend.name, key, lang.name, tuple(specs), size, time.time())
+            entry = CacheEntry(self.backend.name, key, lang.name, tuple(specs), size, time.time(), owner)
             await anyio.to_thread.run_sync(self.index.record, entry)
-            await self._evict(keep=key)
+            await self._evict(keep=key, owner=owner)
             self._ready[key] = self._touched[key] = time.monotonic()
             return key
 
-    async def _evict(self, keep: str) -> None:
-        """Least recently used stores go until this engine's fit SANDBOX_CACHE_TOTAL_SIZE; never one used
-        within a session's lifetime (a live session may have it mounted). When those alone fill the total (many
-        library sets in a short time), the new store `keep` goes too, and the install fails saying so."""
+    async def _check_room(self, key: str, owner: str) -> None:
+        """Refuse before installing when `owner`'s stores used lately fill their quota already: none of them may
+        go, so whatever the new set's size, its store would be removed again (and the installer's work lost)."""
+        quota = self.quota(owner)
+        if quota is None:
+            return
         entries = await anyio.to_thread.run_sync(self.index.entries, self.backend.name)
-        total = self.settings.sandbox_cache_total_size
+        mine = [entry for entry in entries if entry.owner == owner]
+        if any(entry.key == key for entry in mine):
+            return  # installed already: its store is only checked
         recent_since = time.time() - self.settings.sandbox_session_max_lifetime
-        chosen = over_total(entries, total, keep, recent_since)
+        held = sum(entry.size_bytes for entry in mine if entry.last_used >= recent_since)
+        if held >= quota:
+            hours = self.settings.sandbox_session_max_lifetime / 3600
+            raise InstallFailed(
+                f"Your library caches hold the {quota // 1024**2} MiB each user may hold on this server "
+                f"({QUOTA_SETTING}) already, in library sets you used within the last {hours:g} h, which a live "
+                f"session may still have mounted; nothing was installed. Use a set you installed before, or ask "
+                f"the operator to raise {QUOTA_SETTING}"
+            )
+
+    async def _evict(self, keep: str, owner: str) -> None:
+        """Least recently used stores of `owner` go until theirs fit their quota and this engine's all fit
+        SANDBOX_CACHE_TOTAL_SIZE; never another principal's (each makes room in their own stores only), and
+        never one used within a session's lifetime (a live session may have it mounted). When those alone leave
+        no room (many library sets in a short time), the new store `keep` goes too, and the install fails
+        naming the bound it would pass."""
+        entries = await anyio.to_thread.run_sync(self.index.entries, self.backend.name)
+        mine = [entry for entry in entries if entry.owner == owner]
+        others = sum(entry.size_bytes for entry in entries if entry.owner != owner)
+        total = self.settings.sandbox_cache_total_size
+        quota = self.quota(owner)
+        by_quota = quota is not None and quota < total - others
+        room = quota if quota is not None and by_quota else total - others
+        recent_since = time.time() - self.settings.sandbox_session_max_lifetime
+        chosen = over_total(mine, room, keep, recent_since)
         for entry in chosen:
             logger.info(
-                "Evicting library cache %s (%s, %d bytes): least recently used",
+                "Evicting library cache %s (%s, %d bytes): its owner's least recently used",
                 entry.key,
                 entry.language,
                 entry.size_bytes,
             )
             await self._drop(entry)
-        left = sum(entry.size_bytes for entry in entries if entry not in chosen)
-        if left <= total:
+        left = sum(entry.size_bytes for entry in mine if entry not in chosen)
+        if left <= room:
             return
-        new = [entry for entry in entries if entry.key == keep]
+        new = [entry for entry in mine if entry.key == keep]
         for entry in new:
             await self._drop(entry)
+        adding = sum(entry.size_bytes for entry in new) // 1024**2
         held = left - sum(entry.size_bytes for entry in new)
         hours = self.settings.sandbox_session_max_lifetime / 3600
+        if by_quota:
+            raise InstallFailed(
+                f"Your library caches would pass the {room // 1024**2} MiB each user may hold on this server "
+                f"({QUOTA_SETTING}): {held // 1024**2} MiB are library sets you used within the last {hours:g} h, "
+                f"which a live session may still have mounted, and this set takes {adding} MiB more; its cache was "
+                f"removed again. Use fewer or smaller libraries, or a set you installed before, or ask the "
+                f"operator to raise {QUOTA_SETTING}"
+            )
+        theirs = ", and by other users' caches, which no one else's install evicts" if others else ""
         raise InstallFailed(
-            f"The library caches on this engine are full: {held // 1024**2} MiB of SANDBOX_CACHE_TOTAL_SIZE "
-            f"({total // 1024**2} MiB) are held by library sets used within the last {hours:g} h, which a live "
-            f"session may still have mounted, and this set takes {(left - held) // 1024**2} MiB more; its cache was "
-            "removed again. `llm-sandbox-mcp cache prune` removes caches, or raise SANDBOX_CACHE_TOTAL_SIZE"
+            f"The library caches on this engine are full: {(held + others) // 1024**2} MiB of "
+            f"SANDBOX_CACHE_TOTAL_SIZE ({total // 1024**2} MiB) are held by library sets used within the last "
+            f"{hours:g} h, which a live session may still have mounted{theirs}, and this set takes {adding} MiB "
+            "more; its cache was removed again. `llm-sandbox-mcp cache prune` removes caches, or raise "
+            "SANDBOX_CACHE_TOTAL_SIZE"
         )
 
     async def _drop(self, entry: CacheEntry) -> None:
@@ -250,7 +325,13 @@ class LibraryCache:
         self._ready.pop(entry.key, None)
 
     async def _install_in_sandbox(
-        self, spec: SandboxSpec, lang: Language, specs: list[str], key: str, listener: EgressListener | None
+        self,
+        spec: SandboxSpec,
+        lang: Language,
+        specs: list[str],
+        key: str,
+        listener: EgressListener | None,
+        bound: _Bound,
     ) -> int:
         """Install (unless the store is complete already) and return the store's size in bytes."""
         try:
@@ -268,13 +349,12 @@ class LibraryCache:
             ) from exc
         try:
             # Cancelled (the caller left): the installer is killed at once, and its half-written store dropped.
-            await stop_on_cancel(self.backend, ref, lambda: self._install(ref, lang, specs, listener))
-            size = await self._final_size(ref)
-            limit = self.settings.sandbox_cache_max_size
-            if size > limit:
+            await stop_on_cancel(self.backend, ref, lambda: self._install(ref, lang, specs, listener, bound))
+            size = await self._final_size(ref, bound)
+            if size > bound.size:
                 raise InstallFailed(
-                    f"{', '.join(specs)} take {size // 1024**2} MiB installed, above the limit of {limit // 1024**2} "
-                    "MiB for one library set (SANDBOX_CACHE_MAX_SIZE); install fewer or smaller libraries"
+                    f"{', '.join(specs)} take {size // 1024**2} MiB installed, above {bound.said()}; "
+                    "install fewer or smaller libraries"
                 )
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -286,9 +366,9 @@ class LibraryCache:
         return size
 
     async def _run_watched(
-        self, ref: SandboxRef, argv: list[str], timeout: float, env: dict[str, str]
+        self, ref: SandboxRef, argv: list[str], timeout: float, env: dict[str, str], bound: _Bound
     ) -> ExecResult | None:
-        """The installer's result, or None when it was killed for growing its store past SANDBOX_CACHE_MAX_SIZE
+        """The installer's result, or None when it was killed for growing its store past `bound`
         (measured every few seconds while it runs its packages' own code, not only once it ends)."""
         outgrown = False
         result: ExecResult | None = None
@@ -297,7 +377,7 @@ class LibraryCache:
             nonlocal outgrown
             while True:
                 await anyio.sleep(_WATCH_SECONDS)
-                if await self._size(ref) > self.settings.sandbox_cache_max_size:
+                if await self._size(ref) > bound.size:
                     outgrown = True
                     await self.backend.kill_all(ref)
                     return
@@ -308,7 +388,7 @@ class LibraryCache:
             tasks.cancel_scope.cancel()
         return None if outgrown else result
 
-    async def _final_size(self, ref: SandboxRef) -> int:
+    async def _final_size(self, ref: SandboxRef, bound: _Bound) -> int:
         """Bytes in the store once the install is over, measured so that nothing of the packages' own code can
         make it look smaller: every process of the installer is killed first (none can stop `du` or write into
         its output), the store's modes are made normal (a directory its writer made unreadable hid what it
@@ -320,7 +400,7 @@ class LibraryCache:
         opened = await self.backend.exec(ref, normal, timeout=120, output_limit=4096)
         measured, size = await self._measure(ref)
         if opened.exit_code != 0 or measured.exit_code != 0 or measured.timed_out or size is None:
-            return self.settings.sandbox_cache_max_size + 1
+            return bound.size + 1
         return size
 
     async def _size(self, ref: SandboxRef) -> int:
@@ -335,7 +415,7 @@ class LibraryCache:
         return result, int(first) * 1024 if first.isdigit() else None
 
     async def _install(
-        self, ref: SandboxRef, lang: Language, specs: list[str], listener: EgressListener | None
+        self, ref: SandboxRef, lang: Language, specs: list[str], listener: EgressListener | None, bound: _Bound
     ) -> None:
         check = await self.backend.exec(ref, ["test", "-f", _COMPLETE], timeout=30)
         if check.exit_code == 0:
@@ -346,15 +426,14 @@ class LibraryCache:
         await self.backend.exec(ref, ["find", str(LIBS_DIR), "-mindepth", "1", "-delete"], timeout=60)
         relay = await self._egress(ref, lang, env, listener) if listener is not None else None
         try:
-            result = await self._run_watched(ref, lang.install_argv(specs), timeout, env)
+            result = await self._run_watched(ref, lang.install_argv(specs), timeout, env, bound)
         finally:
             if relay is not None:
                 await relay.aclose()
         if result is None:
             raise InstallFailed(
-                f"Installing {', '.join(specs)} was stopped: its store grew past the limit of "
-                f"{self.settings.sandbox_cache_max_size // 1024**2} MiB for one library set "
-                "(SANDBOX_CACHE_MAX_SIZE); install fewer or smaller libraries"
+                f"Installing {', '.join(specs)} was stopped: its store grew past {bound.said()}; "
+                "install fewer or smaller libraries"
             )
         if result.exit_code != 0 or result.timed_out:
             reason = f"timed out after {timeout:g} s (SANDBOX_INSTALL_TIMEOUT)" if result.timed_out else "failed"

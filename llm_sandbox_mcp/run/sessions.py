@@ -152,7 +152,9 @@ class SessionRegistry:
         listener = open_listener(policy, f"session {session_id}", routes) if policy is not None else None
         env = placeholders_env(routes) if routes is not None else None
         try:
-            lease = await self.executor.open(lang, specs, limits, live, egress=listener is not None, env=env)
+            lease = await self.executor.open(
+                lang, specs, limits, live, egress=listener is not None, env=env, owner=owner
+            )
             if routes is not None:
                 await self._trust(lease, routes)
         except BaseException:
@@ -341,7 +343,7 @@ class SessionRegistry:
     ) -> Program:
         """Validate a cell for a session before it runs (or is queued as a job). Raises what the caller can fix."""
         session = self.get(session_id, owner)
-        program = self.executor.program(code, session.language.name, libraries, timeout)
+        program = self.executor.program(code, session.language.name, libraries, timeout, owner)
         missing = sorted(set(program.libraries) - set(session.libraries))
         if missing:
             raise InvalidRequest(

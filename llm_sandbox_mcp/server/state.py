@@ -128,7 +128,7 @@ class AppState:
                 return await sessions.run_cell(session_id, cell, live, owner)
         else:
             executor = self.executor
-            program = executor.program(code, language, libraries, timeout)
+            program = executor.program(code, language, libraries, timeout, caller())
             language = program.language.name
 
             async def work(live: Live) -> Execution:

@@ -100,6 +100,7 @@ REMOTE_TESTS = {
     "tests/engines/test_egress.py::test_a_library_installs_through_the_proxy": "",
     "tests/engines/test_egress.py::test_a_session_reaches_its_hosts_and_nothing_else": "",
     "tests/engines/test_egress.py::test_installs_and_sessions_need_nothing_of_the_servers_filesystem": "",
+    "tests/engines/test_principal_caches.py::test_each_principal_has_library_stores_of_their_own": "docker-remote",
     **{
         _HOSTILE + name: ""
         for name in (

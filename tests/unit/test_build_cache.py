@@ -59,6 +59,34 @@ def test_least_recently_used_binaries_go_first_once_over_the_size() -> None:
     assert [cache.get(name) is not None for name in "acd"] == [True, True, True]
 
 
+async def test_one_principals_build_is_never_a_hit_for_another() -> None:
+    """Keyed by principal too: the speed of a hit would tell Bob that someone ran the same program."""
+    cache = BuildCache(Images(), size=10**6)
+    alices = await cache.plan(GO, SPEC, SOURCE, owner="alice")
+    assert alices.key is not None and cache.put(alices.key, b"ELF", owner=alices.owner)
+    assert (await cache.plan(GO, SPEC, SOURCE, owner="alice")).binary == b"ELF"
+    for other in ("bob", "", "../alice"):
+        plan = await cache.plan(GO, SPEC, SOURCE, owner=other)
+        assert (plan.binary, plan.mode) == (None, "capture")
+        assert plan.key != alices.key
+
+
+def test_a_principal_storing_past_the_size_pushes_out_their_own_binaries_first() -> None:
+    cache = BuildCache(FakeBackend(), size=300)
+    assert cache.put("bob-1", b"b" * 100, owner="bob")
+    assert cache.put("alice-1", b"a" * 100, owner="alice")
+    assert cache.put("alice-2", b"a" * 100, owner="alice")
+    assert cache.put("alice-3", b"a" * 100, owner="alice")
+    assert [cache.get(key) is not None for key in ("bob-1", "alice-1", "alice-2", "alice-3")] == [
+        True,
+        False,
+        True,
+        True,
+    ]
+    assert cache.put("carol-1", b"c" * 300, owner="carol")  # no binary of her own: the least recently used go
+    assert (len(cache), cache.bytes) == (1, 300)
+
+
 def test_the_number_of_entries_is_bounded_too() -> None:
     cache = BuildCache(FakeBackend(), size=10**9)
     for number in range(MAX_ENTRIES + 10):
