@@ -220,7 +220,7 @@ async def test_the_protected_resource_metadata_is_served_where_clients_look(
 @pytest.mark.parametrize(
     ("values", "problem"),
     [
-        ({"sandbox_http_oauth_issuer": "https://issuer.example.org"}, "OAuth needs SANDBOX_HTTP_OAUTH_INTROSPECTION"),
+        ({"sandbox_http_oauth_issuer": "https://issuer.example.org"}, "OAuth needs SANDBOX_HTTP_OAUTH_RESOURCE too"),
         ({"sandbox_http_oauth_scopes": "a"}, "SANDBOX_HTTP_OAUTH_SCOPES is set without"),
         ({"sandbox_http_oauth_resource": "http://sandbox.example.org/mcp"}, "must be https://"),
         ({"sandbox_http_oauth_resource": "https://sandbox.example.org/"}, "must be the URL clients use for"),
