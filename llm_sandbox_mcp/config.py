@@ -259,6 +259,7 @@ class Settings(BaseSettings):
     sandbox_http_oauth_client_secret_file: Path | None = None
     sandbox_http_oauth_jwks_url: str | None = None
     sandbox_http_oauth_jwks_refetch: PositiveFloat = 60.0
+    sandbox_http_oauth_introspection_cache: Annotated[float, Field(ge=0)] = 30.0
 
     @field_validator(*REGISTRY_SETTINGS)
     @classmethod

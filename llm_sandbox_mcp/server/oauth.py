@@ -4,8 +4,8 @@ RFC 7662), as the MCP SDK's TokenVerifier. JWT access tokens checked here agains
 server/jwt_access.py's; what the claims must say, either way, server/token_claims.py's.
 
 Introspection works for opaque tokens and JWTs alike, and a token the authorization server revoked is refused
-on its next request instead of at its expiry. The cost is one request to the authorization server per HTTP
-request, but for the answers kept a short while (server/introspection_cache.py).
+within seconds instead of at its expiry. The cost is one request to the authorization server per token and
+SANDBOX_HTTP_OAUTH_INTROSPECTION_CACHE seconds (server/introspection_cache.py).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import ConfigError
+from llm_sandbox_mcp.server.introspection_cache import IntrospectionCache
 from llm_sandbox_mcp.server.token_claims import access_token
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class OAuthConfig:
     client_secret: str | None = None
     jwks_url: str | None = None
     jwks_refetch: float = 60.0
+    introspection_cache: float = 30.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> OAuthConfig | None:
@@ -89,6 +91,7 @@ class OAuthConfig:
             client_secret=secret,
             jwks_url=settings.sandbox_http_oauth_jwks_url,
             jwks_refetch=settings.sandbox_http_oauth_jwks_refetch,
+            introspection_cache=settings.sandbox_http_oauth_introspection_cache,
         )
 
 
@@ -113,6 +116,7 @@ class IntrospectionVerifier:
         assert config.introspection_url is not None
         self.config = config
         self.url = config.introspection_url
+        self.cache = IntrospectionCache(config.introspection_cache)
         self._http: httpx2.AsyncClient | None = None
 
     async def aclose(self) -> None:
@@ -123,9 +127,12 @@ class IntrospectionVerifier:
     async def verify_token(self, token: str) -> AccessToken | None:
         if not well_formed(token):
             return None
-        claims = await self._introspect(token)
-        if claims.get("active") is not True:
-            return None
+        claims = self.cache.get(token)
+        if claims is None:
+            claims = await self._introspect(token)
+            if claims.get("active") is not True:
+                return None
+            self.cache.put(token, claims)
         return access_token(token, claims, issuer=self.config.issuer, resource=self.config.resource, jwt=False)
 
     async def _introspect(self, token: str) -> dict[str, object]:
