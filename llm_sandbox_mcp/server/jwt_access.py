@@ -48,10 +48,10 @@ def jwt_header(token: str) -> dict[str, object] | None:
 class JwtVerifier:
     """The SDK's TokenVerifier for JWT access tokens signed by the keys at SANDBOX_HTTP_OAUTH_JWKS_URL."""
 
-    def __init__(self, config: OAuthConfig, keys: KeySet | None = None) -> None:
+    def __init__(self, config: OAuthConfig) -> None:
         assert config.jwks_url is not None
         self.config = config
-        self.keys = keys or KeySet(config.jwks_url, config.jwks_refetch)
+        self.keys = KeySet(config.jwks_url, config.jwks_refetch)
 
     async def aclose(self) -> None:
         await self.keys.aclose()

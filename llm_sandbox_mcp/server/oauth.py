@@ -127,12 +127,9 @@ class IntrospectionVerifier:
     async def verify_token(self, token: str) -> AccessToken | None:
         if not well_formed(token):
             return None
-        claims = self.cache.get(token)
-        if claims is None:
-            claims = await self._introspect(token)
-            if claims.get("active") is not True:
-                return None
-            self.cache.put(token, claims)
+        claims = await self.cache.answer(token, lambda: self._introspect(token))
+        if claims.get("active") is not True:
+            return None
         return access_token(token, claims, issuer=self.config.issuer, resource=self.config.resource, jwt=False)
 
     async def _introspect(self, token: str) -> dict[str, object]:

@@ -91,6 +91,8 @@ class AuthorizationServer:
     # When set, the introspection endpoint answers this HTTP status with `failing_body`, and nothing else.
     failing: int | None = None
     failing_body: str = '{"error": "server_error"}'
+    # Seconds the introspection endpoint takes to answer (the handler's thread sleeps).
+    delay: float = 0.0
     # The signing keys the JWKS publishes, by key id; how many times it was fetched; when set, what /jwks answers
     # instead (an HTTP status and a body).
     keys: dict[str, SigningKey] = field(default_factory=lambda: _first_keys())
@@ -229,6 +231,7 @@ def _handler(double: AuthorizationServer) -> type[BaseHTTPRequestHandler]:
             if self.headers.get("Content-Type", "").split(";")[0] != "application/x-www-form-urlencoded":
                 self._send(400, {"error": "invalid_request"})
                 return
+            time.sleep(double.delay)
             self._send(200, double.introspect(form.get("token", [""])[0]))
 
     return Handler

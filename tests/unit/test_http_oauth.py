@@ -190,6 +190,25 @@ async def test_one_tokens_requests_in_a_row_cost_one_introspection_while_the_ans
     assert alice not in caplog.text
 
 
+async def test_requests_with_one_new_token_at_the_same_time_share_one_introspection(
+    tmp_path: Path, double: AuthorizationServer
+) -> None:
+    double.delay = 0.5  # the first question is still out when the others come
+    with anyio.fail_after(60):
+        async with _serving(tmp_path, double) as served:
+            alice = double.issue("alice", served.resource, SCOPE)
+            statuses: list[int] = []
+
+            async def call() -> None:
+                statuses.append((await _post(served, alice)).status_code)
+
+            async with anyio.create_task_group() as tasks:
+                for _ in range(5):
+                    tasks.start_soon(call)
+    assert statuses == [200] * 5
+    assert double.introspected == [alice]
+
+
 class Clock:
     def __init__(self, now: float) -> None:
         self.now = now
