@@ -71,7 +71,8 @@ class JwtVerifier:
             return None
         key = await self.keys.key_for(kid)
         if key is None:
-            logger.warning("OAuth JWT refused: no key %r at %s", shown(kid), self.keys.url)
+            named = "names no key (kid), and the keys are several" if kid is None else f"no key {shown(kid)!r}"
+            logger.warning("OAuth JWT refused: %s at %s", named, self.keys.url)
             return None
         if alg not in key.algorithms:
             logger.warning("OAuth JWT refused: key %r does not sign with %s", shown(kid), alg)

@@ -110,7 +110,8 @@ async def test_each_forged_or_misused_jwt_gets_401_and_reaches_no_tool(
     assert caplog.text.count("call principal=") == audited
     assert "Traceback" not in caplog.text
     for name, token in forged.items():
-        assert token not in caplog.text and token.split(".")[-1] not in caplog.text, name
+        signature = token.split(".")[-1]
+        assert token not in caplog.text and (not signature or signature not in caplog.text), name
     # Shaped as JWTs, they were never sent to the authorization server; four parts are no JWT: introspected.
     assert double.introspected == [forged["four-parts"]]
     assert double.jwks_fetches == 1  # the unknown kid came within SANDBOX_HTTP_OAUTH_JWKS_REFETCH of the first

@@ -146,8 +146,10 @@ class AuthorizationServer:
         header: dict[str, Any] | None = None,
         **claims: Any,
     ) -> str:
-        """A JWT access token signed with key `kid` (or `key`, which is then what signs: forgeries)."""
-        signer: SigningKey | bytes | None = key if key is not None or alg == "none" else self.keys[kid or "rsa-1"]
+        """A JWT access token signed with key `kid` (or `key`, which is then what signs: forgeries); a `kid` the
+        double has no key of names a token that its first key signed."""
+        genuine = self.keys.get(kid or "", self.keys["rsa-1"])
+        signer: SigningKey | bytes | None = key if key is not None or alg == "none" else genuine
         if alg is None:
             alg = "RS256" if isinstance(signer, rsa.RSAPrivateKey) else "ES256"
         base: dict[str, Any] = {"alg": alg, "typ": "at+jwt", "kid": kid}
