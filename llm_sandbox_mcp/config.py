@@ -99,7 +99,13 @@ Size = Annotated[int, BeforeValidator(parse_size)]
 SizeOrZero = Annotated[int, BeforeValidator(parse_size_or_zero)]
 
 
-_OAUTH_URLS = ("sandbox_http_oauth_issuer", "sandbox_http_oauth_introspection_url", "sandbox_http_oauth_resource")
+# The OAuth settings that are URLs; the issuer and the resource are needed, and one way to verify a token or both.
+_OAUTH_URLS = (
+    "sandbox_http_oauth_issuer", "sandbox_http_oauth_resource", "sandbox_http_oauth_introspection_url",
+    "sandbox_http_oauth_jwks_url",
+)  # fmt: skip
+_OAUTH_NEEDED = ("sandbox_http_oauth_issuer", "sandbox_http_oauth_resource")
+_OAUTH_VERIFIERS = ("sandbox_http_oauth_introspection_url", "sandbox_http_oauth_jwks_url")
 
 
 def _check_url(field: str, value: str) -> None:
@@ -118,12 +124,17 @@ def _check_oauth(settings: Settings) -> None:
         extra = ("sandbox_http_oauth_scopes", "sandbox_http_oauth_client_id", "sandbox_http_oauth_client_secret_file")
         for field in extra:
             if getattr(settings, field):
-                raise ValueError(f"{env_name(field)} is set without {', '.join(env_name(f) for f in _OAUTH_URLS)}")
+                raise ValueError(f"{env_name(field)} is set without {', '.join(env_name(f) for f in _OAUTH_NEEDED)}")
         return
-    if len(given) != len(_OAUTH_URLS):
-        missing = ", ".join(env_name(field) for field in _OAUTH_URLS if field not in given)
-        raise ValueError(f"OAuth needs {missing} too: the issuer, its introspection endpoint and this server's URL")
-    for field in _OAUTH_URLS:
+    missing = [env_name(field) for field in _OAUTH_NEEDED if field not in given]
+    if missing:
+        raise ValueError(f"OAuth needs {' and '.join(missing)} too: the issuer of the tokens and this server's URL")
+    if not any(field in given for field in _OAUTH_VERIFIERS):
+        raise ValueError(
+            "OAuth needs SANDBOX_HTTP_OAUTH_INTROSPECTION_URL (tokens checked by the authorization server), "
+            "SANDBOX_HTTP_OAUTH_JWKS_URL (JWT access tokens checked here against its keys), or both"
+        )
+    for field in given:
         _check_url(field, getattr(settings, field))
     resource = urlsplit(settings.sandbox_http_oauth_resource or "")
     if resource.path != "/mcp" or resource.query:
@@ -135,6 +146,11 @@ def _check_oauth(settings: Settings) -> None:
         raise ValueError(
             "SANDBOX_HTTP_OAUTH_CLIENT_ID and SANDBOX_HTTP_OAUTH_CLIENT_SECRET_FILE go together: the credentials "
             "this server presents to the introspection endpoint"
+        )
+    if settings.sandbox_http_oauth_client_id is not None and settings.sandbox_http_oauth_introspection_url is None:
+        raise ValueError(
+            "SANDBOX_HTTP_OAUTH_CLIENT_ID is set without SANDBOX_HTTP_OAUTH_INTROSPECTION_URL: the credentials are "
+            "for the introspection endpoint only"
         )
 
 
@@ -242,6 +258,9 @@ class Settings(BaseSettings):
     sandbox_http_oauth_scopes: CommaList = []
     sandbox_http_oauth_client_id: str | None = None
     sandbox_http_oauth_client_secret_file: Path | None = None
+    sandbox_http_oauth_jwks_url: str | None = None
+    sandbox_http_oauth_jwks_refetch: PositiveFloat = 60.0
+    sandbox_http_oauth_introspection_cache: Annotated[float, Field(ge=0)] = 30.0
 
     @field_validator(*REGISTRY_SETTINGS)
     @classmethod

@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 PATH = "/mcp"
 UNAUTHENTICATED_FLAG = "--allow-unauthenticated-loopback"
-OAUTH_SETTINGS = "SANDBOX_HTTP_OAUTH_ISSUER, _INTROSPECTION_URL and _RESOURCE"
+OAUTH_SETTINGS = "SANDBOX_HTTP_OAUTH_ISSUER, _RESOURCE and _INTROSPECTION_URL or _JWKS_URL"
 ROOT_METADATA_PATH = "/.well-known/oauth-protected-resource"
 # How long a stop waits for calls in progress before it cancels them (their sandboxes are removed either way).
 GRACE_SECONDS = 10

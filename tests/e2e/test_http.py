@@ -49,6 +49,7 @@ class Served:
     process: subprocess.Popen[bytes]
     log: Path
     stdout: Path
+    tokens: Path
 
 
 def _free_port() -> int:
@@ -97,10 +98,10 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
             pass
         assert time.monotonic() < deadline, log.read_text()
         time.sleep(0.2)
-    yield Served(url, process, log, stdout)
+    yield Served(url, process, log, stdout, tokens)
 
     async def open_session() -> str:
-        async with _client(Served(url, process, log, stdout), ALICE) as alice:
+        async with _client(Served(url, process, log, stdout, tokens), ALICE) as alice:
             return structured_of(await alice.call_tool("create_session", {}))["session_id"]
 
     # Stopping with a session open: its sandbox goes with the server, which then ends by the signal it got.
@@ -165,6 +166,52 @@ async def test_a_request_without_a_known_token_gets_401_and_the_bearer_challenge
     assert response.status_code == 401
     assert response.headers["www-authenticate"].startswith("Bearer ")
     assert "execute_code" not in response.text
+
+
+async def _status(served: Served, token: str) -> int:
+    headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
+    request: dict[str, Any] = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    http = httpx2.AsyncClient()
+    async with http:
+        response = await http.post(served.url, json=request, headers={**headers, "Authorization": f"Bearer {token}"})
+    return response.status_code
+
+
+async def _until_answered(served: Served, token: str, status: int) -> None:
+    """Ask until `token` gets `status`: the server looks at the file on a request, at most once a second."""
+    with anyio.fail_after(30):
+        while True:
+            if await _status(served, token) == status:
+                return
+            await anyio.sleep(0.2)
+
+
+def _replace_tokens(served: Served, text: str) -> None:
+    """A new version of the tokens file, renamed over the old one as docs/http.md tells operators to."""
+    new = served.tokens.with_name("tokens.new")
+    new.write_text(text)
+    new.chmod(0o600)
+    new.replace(served.tokens)
+
+
+async def test_a_token_added_to_the_file_works_and_a_removed_one_gets_401_without_a_restart(served: Served) -> None:
+    carol = "carol-token-" + "c5" * 16
+    before = served.tokens.read_text()
+    _replace_tokens(served, before + f"carol {carol}\n")
+    try:
+        await _until_answered(served, carol, 200)
+        with anyio.fail_after(30):
+            async with _client(served, carol) as client:
+                assert structured_of(await client.call_tool("list_sessions", {}))["sessions"] == []
+    finally:
+        _replace_tokens(served, before)
+    await _until_answered(served, carol, 401)
+    assert await _status(served, ALICE) == 200
+    log = served.log.read_text()
+    assert "principal=carol tool=list_sessions" in log
+    assert "read again: 3 token(s) of alice, bob, carol" in log and "read again: 2 token(s) of alice, bob" in log
+    assert carol not in log
+    assert served.process.poll() is None
 
 
 async def test_one_principals_sessions_and_jobs_are_not_found_for_another(served: Served) -> None:

@@ -1,7 +1,8 @@
 """`serve --http` as an OAuth protected resource, configured as an operator does (the environment), the
 installed console script on bubblewrap, against the authorization-server double on loopback: a token the
-double issued runs code through the official SDK client; one issued for another server gets the challenge
-that points at the resource metadata the server serves. The unit tier covers each refusal in-process
+double issued runs code through the official SDK client, and a JWT it signed is served by its keys (the
+JWKS); one issued for another server gets the challenge that points at the resource metadata the server
+serves. The unit tier covers each refusal in-process
 (tests/unit/test_http_oauth.py); this proves the command line and the environment wire the same thing, which
 is worth its 8 seconds or so (the server's start and one call on bubblewrap)."""
 
@@ -52,6 +53,7 @@ def served(request: pytest.FixtureRequest, tmp_path: Path) -> Generator[Served]:
             SANDBOX_HTTP_OAUTH_SCOPES="sandbox:run,sandbox:files",
             SANDBOX_HTTP_OAUTH_CLIENT_ID=CLIENT_ID,
             SANDBOX_HTTP_OAUTH_CLIENT_SECRET_FILE=str(secret),
+            SANDBOX_HTTP_OAUTH_JWKS_URL=double.jwks_url,
         )
         log = tmp_path / "server.log"
         with log.open("wb") as err:
@@ -84,6 +86,11 @@ async def test_an_operator_configured_oauth_server_serves_its_tokens_and_challen
         async with http, Client(streamable_http_client(f"{base}/mcp", http_client=http)) as client:
             result = structured_of(await client.call_tool("execute_code", {"code": "print(6 * 7)"}))
             assert result["stdout"] == "42\n"
+        # A JWT of the same authorization server: checked against its keys, never introspected.
+        signed = double.mint("erin", f"{base}/mcp", "sandbox:run sandbox:files")
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {signed}"})
+        async with http, Client(streamable_http_client(f"{base}/mcp", http_client=http)) as client:
+            assert structured_of(await client.call_tool("list_sessions", {}))["sessions"] == []
         plain = httpx2.AsyncClient()
         async with plain:
             refused = await plain.post(f"{base}/mcp", json={}, headers={"Authorization": f"Bearer {elsewhere}"})
@@ -95,4 +102,5 @@ async def test_an_operator_configured_oauth_server_serves_its_tokens_and_challen
     assert metadata["scopes_supported"] == ["sandbox:run", "sandbox:files"]
     text = served.log.read_text()
     assert "call principal=dana tool=execute_code language=python" in text
-    assert token not in text and elsewhere not in text and CLIENT_SECRET not in text
+    assert "call principal=erin tool=list_sessions" in text and signed not in double.introspected
+    assert token not in text and elsewhere not in text and signed not in text and CLIENT_SECRET not in text

@@ -3,6 +3,7 @@ token verifier, the listen address, and when serving without tokens is refused."
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
@@ -120,6 +121,84 @@ def test_a_kubernetes_secret_readable_by_the_servers_own_group_only_is_accepted(
         assert ALICE not in answer
     finally:
         shutil.rmtree(directory)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _replace(path: Path, text: str, mode: int = 0o600) -> None:
+    """Write a new version of the file the way an operator should: a whole new file renamed over the old one."""
+    new = path.with_name(path.name + ".new")
+    new.write_text(text)
+    new.chmod(mode)
+    new.replace(path)
+
+
+CAROL = "c4" * 20
+
+
+def test_a_changed_file_is_read_again_on_a_request_a_second_later_without_a_restart(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "llm_sandbox_mcp")
+    clock = Clock()
+    path = _file(tmp_path, f"alice {ALICE}\nbob {BOB}\n")
+    tokens = TokenFile.load(path, clock)
+    _replace(path, f"bob {BOB}\ncarol {CAROL}\n")
+    assert tokens.principal_of(CAROL) is None  # the file is looked at once a second at most
+    clock.now += 1.0
+    assert tokens.principal_of(CAROL) == "carol"  # added
+    assert tokens.principal_of(ALICE) is None  # revoked
+    assert tokens.principal_of(BOB) == "bob"
+    assert tokens.principals == ["bob", "carol"]
+    assert f"SANDBOX_HTTP_TOKENS_FILE ({path}) read again: 2 token(s) of bob, carol" in caplog.text
+    path.write_text(f"bob {BOB}\n")  # rewritten in place: the same inode, a new size and time
+    clock.now += 1.0
+    assert tokens.principal_of(CAROL) is None and tokens.principal_of(BOB) == "bob"
+    assert all(token not in caplog.text for token in (ALICE, BOB, CAROL))
+
+
+@pytest.mark.parametrize(
+    ("text", "mode", "problem"),
+    [
+        (f"alice {ALICE}\ncarol {CAROL}\n", 0o644, "is readable or writable by others than its owner (mode 0644)"),
+        (f"alice {ALICE}\ncarol {CAROL} x\n", 0o600, "line 2: expected `principal token`"),
+        (f"alice {ALICE}\ncarol short\n", 0o600, "line 2: the token of carol must be 32 to 512"),
+        ("# nobody\n", 0o600, "holds no `principal token` line"),
+        (None, 0o600, "cannot be read: No such file or directory"),
+    ],
+    ids=["others-may-read", "malformed", "short-token", "empty", "removed"],
+)
+def test_a_changed_file_that_fails_the_checks_is_refused_and_the_tokens_before_stay_in_force(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, text: str | None, mode: int, problem: str
+) -> None:
+    clock = Clock()
+    path = _file(tmp_path, f"alice {ALICE}\nbob {BOB}\n")
+    tokens = TokenFile.load(path, clock)
+    if text is None:
+        path.unlink()
+    else:
+        _replace(path, text, mode)
+    clock.now += 1.0
+    assert tokens.principal_of(ALICE) == "alice" and tokens.principal_of(BOB) == "bob"
+    assert tokens.principal_of(CAROL) is None
+    errors = [record for record in caplog.records if record.levelno == logging.ERROR]
+    assert len(errors) == 1, caplog.text
+    message = errors[0].getMessage()
+    assert message.startswith(f"SANDBOX_HTTP_TOKENS_FILE ({path}): {problem}"), message
+    assert message.endswith(". The tokens read before stay in force until the file is fixed")
+    assert all(token not in caplog.text for token in (ALICE, BOB, CAROL, "short"))
+    clock.now += 1.0
+    tokens.principal_of(ALICE)
+    assert len([record for record in caplog.records if record.levelno == logging.ERROR]) == 1  # said once
+    _replace(path, f"carol {CAROL}\n")  # fixed
+    clock.now += 1.0
+    assert tokens.principal_of(CAROL) == "carol" and tokens.principal_of(ALICE) is None
 
 
 def test_a_missing_file_or_a_directory_is_refused(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import ConfigError
 from llm_sandbox_mcp.server.http import check_authentication, parse_listen
+from llm_sandbox_mcp.server.introspection_cache import IntrospectionCache
 from tests.support.authorization_server import CLIENT_ID, CLIENT_SECRET, AuthorizationServer, authorization_server
 from tests.support.fakes import FakeBackend
 from tests.support.http_serving import serving
@@ -149,7 +150,8 @@ async def test_each_bad_token_gets_401_or_403_with_the_challenge(
     tmp_path: Path, double: AuthorizationServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     with anyio.fail_after(60):
-        async with _serving(tmp_path, double) as served:
+        # No cache of answers: a revoked token is refused on its very next request.
+        async with _serving(tmp_path, double, sandbox_http_oauth_introspection_cache=0) as served:
             for case, claims in REFUSED.items():
                 token = double.issue("carol", served.resource, SCOPE, **claims)
                 _challenge(await _post(served, token), served, 401, "invalid_token")
@@ -166,6 +168,78 @@ async def test_each_bad_token_gets_401_or_403_with_the_challenge(
             assert len(double.introspected) == asked  # not even sent to the authorization server
             missing_scope = double.issue("carol", served.resource, "openid")
             _challenge(await _post(served, missing_scope), served, 403, "insufficient_scope")
+
+
+@pytest.mark.parametrize("seconds", [30.0, 0.0], ids=["cached", "not-cached"])
+async def test_one_tokens_requests_in_a_row_cost_one_introspection_while_the_answer_is_kept(
+    tmp_path: Path, double: AuthorizationServer, caplog: pytest.LogCaptureFixture, seconds: float
+) -> None:
+    with anyio.fail_after(60):
+        async with _serving(tmp_path, double, sandbox_http_oauth_introspection_cache=seconds) as served:
+            alice = double.issue("alice", served.resource, SCOPE)
+            for _ in range(5):
+                assert (await _post(served, alice)).status_code == 200
+            unknown = "never-issued-" + "8e" * 16
+            for _ in range(2):
+                assert (await _post(served, unknown)).status_code == 401
+            expired = double.issue("alice", served.resource, SCOPE, exp=int(time.time()) - 1)
+            for _ in range(2):
+                assert (await _post(served, expired)).status_code == 401
+    # An answer that a token is not active, or about an expired one, is never kept.
+    assert double.introspected == [alice] * (1 if seconds else 5) + [unknown] * 2 + [expired] * 2
+    assert alice not in caplog.text
+
+
+async def test_requests_with_one_new_token_at_the_same_time_share_one_introspection(
+    tmp_path: Path, double: AuthorizationServer
+) -> None:
+    double.delay = 0.5  # the first question is still out when the others come
+    with anyio.fail_after(60):
+        async with _serving(tmp_path, double) as served:
+            alice = double.issue("alice", served.resource, SCOPE)
+            statuses: list[int] = []
+
+            async def call() -> None:
+                statuses.append((await _post(served, alice)).status_code)
+
+            async with anyio.create_task_group() as tasks:
+                for _ in range(5):
+                    tasks.start_soon(call)
+    assert statuses == [200] * 5
+    assert double.introspected == [alice]
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_answer_is_kept_no_longer_than_the_setting_or_the_tokens_expiry_and_never_by_its_token() -> None:
+    clock, wall = Clock(100.0), Clock(1_000_000.0)
+    cache = IntrospectionCache(30.0, clock, wall, max_entries=3)
+    long_lived: dict[str, object] = {"active": True, "sub": "alice", "exp": 1_000_000 + 3600}
+    short_lived: dict[str, object] = {"active": True, "sub": "bob", "exp": 1_000_000 + 10}
+    cache.put("long-" + "1" * 32, long_lived)
+    cache.put("short-" + "2" * 32, short_lived)
+    cache.put("inactive-" + "3" * 32, {"active": False})
+    cache.put("expired-" + "4" * 32, {"active": True, "sub": "carol", "exp": 1_000_000 - 1})
+    assert len(cache) == 2
+    assert cache.get("long-" + "1" * 32) == long_lived and cache.get("short-" + "2" * 32) == short_lived
+    assert "long-" not in repr(vars(cache)) and "1" * 32 not in repr(vars(cache))  # kept by digest only
+    clock.now += 10.0
+    assert cache.get("short-" + "2" * 32) is None  # its expiry came first
+    assert cache.get("long-" + "1" * 32) == long_lived
+    clock.now += 20.0
+    assert cache.get("long-" + "1" * 32) is None  # the setting's 30 seconds
+    for index in range(5):
+        cache.put(f"token-{index}-" + "5" * 32, long_lived)
+    assert len(cache) == 3 and cache.get("token-0-" + "5" * 32) is None and cache.get("token-4-" + "5" * 32)
+    off = IntrospectionCache(0.0, clock, wall)
+    off.put("long-" + "1" * 32, long_lived)
+    assert len(off) == 0
 
 
 @pytest.mark.parametrize("fault", ["down", "500", "html", "wrong-client-secret"])
@@ -220,7 +294,7 @@ async def test_the_protected_resource_metadata_is_served_where_clients_look(
 @pytest.mark.parametrize(
     ("values", "problem"),
     [
-        ({"sandbox_http_oauth_issuer": "https://issuer.example.org"}, "OAuth needs SANDBOX_HTTP_OAUTH_INTROSPECTION"),
+        ({"sandbox_http_oauth_issuer": "https://issuer.example.org"}, "OAuth needs SANDBOX_HTTP_OAUTH_RESOURCE too"),
         ({"sandbox_http_oauth_scopes": "a"}, "SANDBOX_HTTP_OAUTH_SCOPES is set without"),
         ({"sandbox_http_oauth_resource": "http://sandbox.example.org/mcp"}, "must be https://"),
         ({"sandbox_http_oauth_resource": "https://sandbox.example.org/"}, "must be the URL clients use for"),

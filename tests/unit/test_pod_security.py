@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from llm_sandbox_mcp.backends._kubernetes.pod import PodOptions, pod_manifest
-from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.config import Settings, env_name
 from llm_sandbox_mcp.models import CacheMount, SandboxSpec
+from llm_sandbox_mcp.server.http import check_authentication, parse_listen
 from tests.support.pod_security import violations
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,10 +80,41 @@ def test_the_servers_deployment_is_restricted_runs_as_the_bound_account_and_poin
     assert env["BACKEND"] == "kubernetes" and env["NAMESPACE"] == rbac["Role"]["metadata"]["namespace"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     # The tokens come from a Secret no one but the server's group reads; the server answers only with them.
-    (tokens,) = [v for v in pod["spec"]["volumes"] if "secret" in v]
-    assert tokens["secret"]["defaultMode"] == 0o400
+    (tokens,) = [v for v in pod["spec"]["volumes"] if v.get("secret", {}).get("secretName") == "llm-sandbox-mcp-tokens"]
+    assert tokens["secret"]["defaultMode"] == 0o400 and "optional" not in tokens["secret"]
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == tokens["name"]]
     assert env["SANDBOX_HTTP_TOKENS_FILE"].startswith(mount["mountPath"] + "/")
     probes = {kind: container[f"{kind}Probe"]["httpGet"] for kind in ("readiness", "liveness")}
     assert probes == {"readiness": {"path": "/readyz", "port": "mcp"}, "liveness": {"path": "/healthz", "port": "mcp"}}
     assert documents["Service"]["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_oauth_comes_from_a_configmap_the_deployment_reads_and_its_client_secret_from_a_secret_it_mounts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = {d["kind"]: d for d in yaml.safe_load_all((ROOT / "deploy/kubernetes/server.yaml").read_text())}
+    (config_map,) = yaml.safe_load_all((ROOT / "deploy/kubernetes/oauth.yaml").read_text())
+    deployment = server["Deployment"]
+    pod = deployment["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert config_map["kind"] == "ConfigMap"
+    assert config_map["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    # Optional: without the ConfigMap (or the Secret) the pod starts all the same, on the tokens file.
+    assert {"configMapRef": {"name": config_map["metadata"]["name"], "optional": True}} in container["envFrom"]
+    data: dict[str, str] = config_map["data"]
+    settings_names = {env_name(field) for field in Settings.model_fields}
+    assert all(name.startswith("SANDBOX_HTTP_OAUTH_") and name in settings_names for name in data), data
+    (client,) = [v for v in pod["spec"]["volumes"] if v["name"] == "oauth-client"]
+    assert client["secret"]["defaultMode"] == 0o400 and client["secret"]["optional"] is True
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "oauth-client"]
+    assert mount["readOnly"] is True
+    assert data["SANDBOX_HTTP_OAUTH_CLIENT_SECRET_FILE"].startswith(mount["mountPath"] + "/")
+    # The ConfigMap's settings as the server reads them from its environment: accepted, OAuth on both ways.
+    secret = tmp_path / "client-secret"
+    secret.write_text("the-client-secret\n")
+    secret.chmod(0o600)
+    for name, value in {**data, "SANDBOX_HTTP_OAUTH_CLIENT_SECRET_FILE": str(secret)}.items():
+        monkeypatch.setenv(name, value)
+    oauth = check_authentication(Settings(), parse_listen("0.0.0.0:8080"), unauthenticated_loopback=False).oauth
+    assert oauth is not None and oauth.jwks_url is not None and oauth.introspection_url is not None
+    assert oauth.client_secret == "the-client-secret" and oauth.resource.endswith("/mcp")
