@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -178,6 +179,18 @@ async def test_a_call_about_another_replicas_session_is_answered_by_that_replica
                     upload = {"session_id": session_id, "path": "x.txt", "content": "x"}
                     assert structured_of(await alice_at_b.call_tool("upload_file", upload))["path"] == "x.txt"
                     assert structured_of(await alice_at_b.call_tool("list_sessions", {}))["sessions"] == []
+                # A client of an earlier generation, without a handshake (stateless): answered in its generation.
+                legacy = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
+                call = {"name": "list_files", "arguments": {"session_id": session_id}}
+                http = httpx2.AsyncClient()
+                async with http:
+                    answer = await http.post(
+                        f"{b}/mcp",
+                        json={"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": call},
+                        headers={**legacy, "Authorization": f"Bearer {TOKENS['alice']}"},
+                    )
+                assert answer.status_code == 200 and '"id":7,"result":{' in answer.text, answer.text
+                assert '"structuredContent":{"files":[' in answer.text, answer.text
                 async with _client(b, "bob") as bob_at_b:
                     unknown = await bob_at_b.call_tool("close_session", {"session_id": session_id})
                     assert unknown.is_error and "no session with that id" in text_of(unknown), text_of(unknown)
