@@ -105,7 +105,9 @@ class Forwarder:
         headers = {name: value for name, value in incoming.items() if name in RELAYED or name.startswith("mcp-")}
         headers["authorization"] = f"Bearer {self.peers.token_for(principal_of(request), owner)}"
         headers["content-type"] = "application/json"
-        body = json.dumps({"jsonrpc": "2.0", "id": ctx.request_id, "method": ctx.method, "params": ctx.params})
+        request_body = {"jsonrpc": "2.0", "id": ctx.request_id, "method": ctx.method, "params": ctx.params}
+        # As compact as the client sent it, at most: the owner applies the same SANDBOX_HTTP_MAX_BODY.
+        body = json.dumps(request_body, ensure_ascii=False, separators=(",", ":"))
         try:
             with anyio.fail_after(self.peers.deadline):
                 async with self.peers.http.stream(
