@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Mapping
 from typing import Any, cast
@@ -37,6 +38,8 @@ HELD = {"session_id": "session", "job_id": "job"}
 RELAYED = ("accept", "content-type", "last-event-id")
 # The largest answer a replica sends back (a downloaded file in base64, plots): well above any that a tool makes.
 ANSWER_CAP = 256 * 1024**2
+# A tool's name as it may go into the audit line (anything else is logged as "?").
+_WORD = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
 
 
 class OwnerUnavailable(Exception):
@@ -80,7 +83,7 @@ class Forwarder:
             audit_log.info(
                 "forward principal=%s tool=%s to=%s duration_ms=%d outcome=%s",
                 principal or "(local)",
-                tool if isinstance(tool, str) and tool.replace("_", "").isalnum() else "?",
+                tool if isinstance(tool, str) and _WORD.fullmatch(tool) else "?",
                 owner,
                 round((time.monotonic() - started) * 1000),
                 outcome,
