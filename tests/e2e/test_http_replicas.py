@@ -138,8 +138,8 @@ async def test_a_session_and_a_job_made_at_one_replica_are_served_through_the_ot
             async def progressed(progress: float, total: float | None, message: str | None) -> None:
                 reports.append(message)
 
-            # A cell past the first progress report (every 2 s): its progress comes through B as it happens.
-            cell = {"code": "import time\ntime.sleep(2.5)\nprint(x + 1)", "session_id": session_id}
+            # A waiting call reports progress at once, then every 2 s: A's reports come through B as they happen.
+            cell = {"code": "import time\ntime.sleep(1)\nprint(x + 1)", "session_id": session_id}
             result = structured_of(await alice_at_b.call_tool("execute_code", cell, progress_callback=progressed))
             assert "42" in result["stdout"] and result["session_id"] == session_id, result
             assert reports, "no progress came through"
