@@ -40,10 +40,17 @@ RELAYED = ("accept", "content-type", "last-event-id")
 ANSWER_CAP = 256 * 1024**2
 # A tool's name as it may go into the audit line (anything else is logged as "?").
 _WORD = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
+STOPPED = "stopped answering: if it was stopped or replaced, its sessions and jobs are lost with it; else try again"
 
 
 class OwnerUnavailable(Exception):
-    """The replica that holds the id did not answer the call; str() is the tool error the caller reads."""
+    """The replica that holds the id did not answer the call: why (what the caller reads after the replica's
+    name), and whether it is gone (it could not be reached at all)."""
+
+    def __init__(self, why: str, gone: bool = False) -> None:
+        super().__init__(why)
+        self.why = why
+        self.gone = gone
 
 
 class Forwarder:
@@ -71,7 +78,7 @@ class Forwarder:
         except OwnerUnavailable as exc:
             outcome = "unavailable"
             return CallToolResult(
-                content=[TextContent(type="text", text=_unavailable(str(exc), what, identifier))], is_error=True
+                content=[TextContent(type="text", text=_unavailable(exc, what, identifier))], is_error=True
             )
         except MCPError:
             outcome = "error"
@@ -118,15 +125,17 @@ class Forwarder:
                 ) as response:
                     return await self._answer(ctx, owner, response)
         except TimeoutError:
-            raise OwnerUnavailable(f"did not answer within {self.peers.deadline:g} s") from None
+            raise OwnerUnavailable(
+                f"did not answer within {self.peers.deadline:g} s; try again, and run long work with background=true"
+            ) from None
         except httpx2.SSEError:
             raise OwnerUnavailable("sent an answer this replica could not read (too large, or malformed)") from None
         except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
             logger.warning("Could not reach replica %s for a forwarded call: %s", owner, exc)
-            raise OwnerUnavailable("gone") from None
+            raise OwnerUnavailable("cannot be reached", gone=True) from None
         except httpx2.HTTPError as exc:
             logger.warning("Replica %s stopped answering a forwarded call: %s", owner, exc)
-            raise OwnerUnavailable("stopped while answering") from None
+            raise OwnerUnavailable(STOPPED) from None
 
     async def _answer(
         self, ctx: ServerRequestContext[Any, Any], owner: str, response: httpx2.Response
@@ -153,7 +162,7 @@ class Forwarder:
                 final = await self._message(ctx, _decoded(event.data))
                 if final is not None:
                     return final
-            raise OwnerUnavailable("stopped while answering")
+            raise OwnerUnavailable(STOPPED)
         if kind == "application/json":
             data = bytearray()
             async for chunk in response.aiter_bytes():
@@ -201,13 +210,13 @@ def _decoded(data: str | bytes) -> object:
         raise OwnerUnavailable("sent an answer this replica could not read (too large, or malformed)") from None
 
 
-def _unavailable(why: str, what: str, identifier: str) -> str:
+def _unavailable(failure: OwnerUnavailable, what: str, identifier: str) -> str:
     """The tool error for a call whose owner did not answer: what happened, and what to do."""
     owner = replica_of(identifier)
-    if why == "gone":
+    if failure.gone:
         again = "create a new session" if what == "session" else "run the code again"
         return (
             f"The server replica that held {what} {identifier} ({owner}) cannot be reached: it is gone (or being "
             f"replaced), and its sessions and jobs are lost with it; {again}"
         )
-    return f"The server replica that holds {what} {identifier} ({owner}) {why}"
+    return f"The server replica that holds {what} {identifier} ({owner}) {failure.why}"
