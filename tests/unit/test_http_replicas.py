@@ -142,9 +142,9 @@ async def test_a_peer_token_asserts_its_principal_only_with_the_shared_secret_to
 
 
 @asynccontextmanager
-async def _replica(tmp_path: Path) -> AsyncGenerator[str]:
+async def _replica(tmp_path: Path, shared: bytes = SECRET) -> AsyncGenerator[str]:
     tokens = _private(tmp_path / "tokens", "".join(f"{who} {token}\n" for who, token in TOKENS.items()))
-    secret = _private(tmp_path / "peer", SECRET.decode())
+    secret = _private(tmp_path / f"peer-{shared.hex()[:8]}", shared.decode())
 
     def settings_for(port: int) -> Settings:
         return Settings(
@@ -198,3 +198,17 @@ async def test_a_call_about_another_replicas_session_is_answered_by_that_replica
                 gone = await alice_at_b.call_tool("list_files", {"session_id": session_id})
         assert gone.is_error and "cannot be reached: it is gone" in text_of(gone), text_of(gone)
         assert "create a new session" in text_of(gone)
+
+
+async def test_replicas_that_do_not_share_the_secret_say_so_instead_of_not_found(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with anyio.fail_after(60):
+        async with _replica(tmp_path, b"x" * 40) as b, _replica(tmp_path) as a:
+            async with _client(a, "alice") as alice_at_a:
+                session_id = structured_of(await alice_at_a.call_tool("create_session", {}))["session_id"]
+            async with _client(b, "alice") as alice_at_b:
+                refused = await alice_at_b.call_tool("list_files", {"session_id": session_id})
+    assert refused.is_error and "refused this replica's forwarded call" in text_of(refused), text_of(refused)
+    assert "every replica needs the same SANDBOX_HTTP_PEER_SECRET_FILE" in caplog.text
+    assert "no secret of SANDBOX_HTTP_PEER_SECRET_FILE signed it" in caplog.text
