@@ -3,7 +3,7 @@ loopback (bubblewrap), one tokens file, one peer secret. A session made at repli
 its cells keep their state, files go in and come out, a background job is polled, progress comes through; another
 principal's ids are unknown through B as at A; and once A is stopped, B says its sessions and jobs are lost.
 
-Worth its 10 to 20 s (two servers' starts, by the machine's load): it is the one test where a call crosses from
+Worth its 7 to 15 s (two servers' starts, by the machine's load): it is the one test where a call crosses from
 one server process to another, through the peer token, the forwarding and the owner's own checks.
 """
 
