@@ -28,6 +28,7 @@ from llm_sandbox_mcp.errors import ConfigError
 from llm_sandbox_mcp.host_memory import physical_memory
 from llm_sandbox_mcp.host_rules import HostRule
 from llm_sandbox_mcp.models import MIN_CPUS, MIN_MEMORY, Limits
+from llm_sandbox_mcp.replica_ids import REPLICA
 from llm_sandbox_mcp.secret_specs import load_secret_specs
 
 BackendChoice = Literal["auto", "docker", "podman", "kubernetes", "bubblewrap", "nsjail"]
@@ -154,6 +155,46 @@ def _check_oauth(settings: Settings) -> None:
         )
 
 
+_REPLICA_SETTINGS = ("sandbox_http_replica_id", "sandbox_http_peer_url", "sandbox_http_peer_secret_file")
+PEER_URL_FIELD = "{replica}"
+
+
+def _check_replicas(settings: Settings) -> None:
+    """The three replica settings together or none; a replica id that fits in an id; a peer URL template that
+    names the replica and nothing but a server's address."""
+    given = [field for field in _REPLICA_SETTINGS if getattr(settings, field) is not None]
+    if not given:
+        return
+    if len(given) != len(_REPLICA_SETTINGS):
+        missing = ", ".join(env_name(field) for field in _REPLICA_SETTINGS if field not in given)
+        raise ValueError(
+            f"serving as one of several replicas needs {missing} too: this replica's id, the address of a replica "
+            "by its id, and the secret the replicas share (see docs/http.md)"
+        )
+    replica = settings.sandbox_http_replica_id or ""
+    if not REPLICA.fullmatch(replica):
+        raise ValueError(
+            "SANDBOX_HTTP_REPLICA_ID must be 1 to 40 lower-case letters, digits or '-', starting and ending with a "
+            f"letter or a digit, such as a StatefulSet pod's name (got {replica!r})"
+        )
+    template = settings.sandbox_http_peer_url or ""
+    parts = urlsplit(template.replace(PEER_URL_FIELD, "replica"))
+    if (
+        template.count(PEER_URL_FIELD) != 1
+        or parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.username is not None
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+    ):
+        raise ValueError(
+            "SANDBOX_HTTP_PEER_URL must be the address of a replica with {replica} where its id goes, and no path, "
+            "e.g. http://{replica}.llm-sandbox-mcp-peers.llm-sandbox-mcp.svc:8000 "
+            f"(got {template!r})"
+        )
+
+
 class Settings(BaseSettings):
     """Every environment variable the server reads. Unrelated variables are ignored."""
 
@@ -252,6 +293,9 @@ class Settings(BaseSettings):
     sandbox_http_max_body: Size = 4 * 1024**2
     sandbox_http_request_timeout: PositiveFloat = 30.0
     sandbox_http_max_connections: PositiveInt = 256
+    sandbox_http_replica_id: str | None = None
+    sandbox_http_peer_url: str | None = None
+    sandbox_http_peer_secret_file: Path | None = None
     sandbox_http_oauth_issuer: str | None = None
     sandbox_http_oauth_introspection_url: str | None = None
     sandbox_http_oauth_resource: str | None = None
@@ -314,6 +358,7 @@ class Settings(BaseSettings):
         if self.sandbox_user.split(":")[0] == "0":
             raise ValueError("SANDBOX_USER must not be root (uid 0); user code never runs as root")
         _check_oauth(self)
+        _check_replicas(self)
         return self
 
     def memory_budget(self) -> int:

@@ -12,7 +12,6 @@ implicit principal of stdio): to anyone else its id is unknown, exactly as one t
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from llm_sandbox_mcp.background import TaskOwner
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import InvalidRequest, SandboxError, SandboxNotFound
 from llm_sandbox_mcp.models import Execution, Live
+from llm_sandbox_mcp.replica_ids import new_id
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,13 @@ class JobRegistry(TaskOwner):
         self._prune()
         if background:
             self._make_room(owner, owner_quota)
-        job = Job(id=f"j-{secrets.token_hex(6)}", language=language, session_id=session_id, live=Live(), owner=owner)
+        job = Job(
+            id=new_id("j", 6, self.settings.sandbox_http_replica_id),
+            language=language,
+            session_id=session_id,
+            live=Live(),
+            owner=owner,
+        )
         if background:
             self._register(job)
         self._tasks.start_soon(self._drive, job, work)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from secrets import token_hex
 
 import anyio
 
@@ -26,6 +25,7 @@ from llm_sandbox_mcp.errors import InvalidRequest, SandboxError, SandboxFailure,
 from llm_sandbox_mcp.host_rules import HostRule
 from llm_sandbox_mcp.languages import Language, get_language
 from llm_sandbox_mcp.models import EGRESS_NETWORK, MIN_CPUS, MIN_MEMORY, Execution, Limits, Live
+from llm_sandbox_mcp.replica_ids import new_id
 from llm_sandbox_mcp.run.executor import Executor, Program
 from llm_sandbox_mcp.run.leases import Lease
 from llm_sandbox_mcp.run.modes import Cell
@@ -147,7 +147,7 @@ class SessionRegistry:
         policy = self._egress(network) if isinstance(network, list) and self._proxied(network) else None
         # In a thread: a value may come from a command (a secret manager's client) that takes its time.
         routes = await anyio.to_thread.run_sync(self.secrets.bind, secrets, policy) if secrets else None
-        session_id = f"s-{token_hex(8)}"
+        session_id = new_id("s", 8, self.settings.sandbox_http_replica_id)
         self._creating[owner] = self._creating.get(owner, 0) + 1
         listener = open_listener(policy, f"session {session_id}", routes) if policy is not None else None
         env = placeholders_env(routes) if routes is not None else None

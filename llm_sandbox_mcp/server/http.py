@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from mcp.server.auth.provider import TokenVerifier
 from mcp.server.auth.routes import create_protected_resource_routes
 from mcp.server.auth.settings import AuthSettings
 from pydantic import AnyHttpUrl
@@ -28,13 +29,16 @@ from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.errors import ConfigError
 from llm_sandbox_mcp.server.bearer_tokens import SETTING, TokenFile
 from llm_sandbox_mcp.server.call_gate import CallGate, audit_log
+from llm_sandbox_mcp.server.forwarding import Forwarder
 from llm_sandbox_mcp.server.health import health_routes
 from llm_sandbox_mcp.server.oauth import OAuthConfig, unavailable_response
+from llm_sandbox_mcp.server.peers import Peers, PeerVerifier
 from llm_sandbox_mcp.server.state import AppState
 from llm_sandbox_mcp.server.verifier import Verifier
 
 if TYPE_CHECKING:
     import uvicorn
+    from mcp.server.context import ServerMiddleware
 
     from llm_sandbox_mcp.backends import Backend
 
@@ -82,10 +86,12 @@ def parse_listen(text: str) -> Listen:
 
 @dataclass(frozen=True)
 class Authentication:
-    """How requests are authenticated: a tokens file, an OAuth authorization server, both, or (loopback) neither."""
+    """How requests are authenticated: a tokens file, an OAuth authorization server, both, or (loopback) neither;
+    and, for one of several replicas, the other replicas' calls (server/peers.py)."""
 
     tokens: TokenFile | None = None
     oauth: OAuthConfig | None = None
+    peers: Peers | None = None
 
     @property
     def enabled(self) -> bool:
@@ -97,9 +103,16 @@ def check_authentication(settings: Settings, listen: Listen, unauthenticated_loo
     tokens = None
     if settings.sandbox_http_tokens_file is not None:
         tokens = TokenFile.load(settings.sandbox_http_tokens_file)
-    authentication = Authentication(tokens, OAuthConfig.from_settings(settings))
+    authentication = Authentication(tokens, OAuthConfig.from_settings(settings), Peers.from_settings(settings))
     if authentication.enabled:
         return authentication
+    if authentication.peers is not None:
+        raise ConfigError(
+            [
+                f"SANDBOX_HTTP_REPLICA_ID is set without authentication: replicas need {SETTING} or "
+                f"{OAUTH_SETTINGS}, so that each call has a principal to forward"
+            ]
+        )
     if not listen.loopback:
         raise ConfigError(
             [
@@ -166,16 +179,21 @@ def build_app(
     auth: dict[str, Any] = {}
     verifier = None
     routes: list[Route] = health_routes(state)
+    middleware: list[ServerMiddleware[Any]] = [CallGate(settings.sandbox_http_max_calls_per_principal)]
     if authentication.enabled:
         verifier = Verifier(authentication.tokens, authentication.oauth)
-        auth = {"token_verifier": verifier, "auth": _auth_settings(listen, authentication.oauth)}
+        token_verifier: TokenVerifier = verifier
+        if authentication.peers is not None:
+            token_verifier = PeerVerifier(authentication.peers, verifier, authentication.oauth)
+            middleware.insert(0, Forwarder(authentication.peers))
+        auth = {"token_verifier": token_verifier, "auth": _auth_settings(listen, authentication.oauth)}
         if authentication.oauth is not None:
             routes.append(_root_metadata_route(authentication.oauth))
     server = build_server(
         settings,
         backend,
         state=state,
-        middleware=[CallGate(settings.sandbox_http_max_calls_per_principal)],
+        middleware=middleware,
         **auth,
     )
     app = server.streamable_http_app(
@@ -246,8 +264,17 @@ async def serve_http(settings: Settings, listen: Listen, authentication: Authent
             PATH,
             UNAUTHENTICATED_FLAG,
         )
+    if authentication.peers is not None:
+        peers = authentication.peers
+        logger.info(
+            "Serving as replica %s: calls about another replica's sessions and jobs go to %s",
+            peers.replica,
+            peers.url_template,
+        )
     try:
         await server.serve(sockets=[sock])
     finally:
         if verifier is not None:
             await verifier.aclose()
+        if authentication.peers is not None:
+            await authentication.peers.aclose()

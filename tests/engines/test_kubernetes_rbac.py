@@ -39,7 +39,7 @@ def deployed_role() -> dict[str, Any]:
     (role,) = [document for document in documents if document["kind"] == "Role"]
     (binding,) = [document for document in documents if document["kind"] == "RoleBinding"]
     (account,) = [document for document in documents if document["kind"] == "ServiceAccount"]
-    # The binding ties this Role to the ServiceAccount the server's Deployment runs as.
+    # The binding ties this Role to the ServiceAccount the server's StatefulSet runs as.
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "Role",

@@ -67,16 +67,16 @@ def test_the_deployed_namespaces_enforce_it_and_deny_the_sandboxes_all_traffic()
 
 
 def test_the_servers_deployment_is_restricted_runs_as_the_bound_account_and_points_at_the_sandboxes() -> None:
-    documents = {d["kind"]: d for d in yaml.safe_load_all((ROOT / "deploy/kubernetes/server.yaml").read_text())}
+    documents = list(yaml.safe_load_all((ROOT / "deploy/kubernetes/server.yaml").read_text()))
     rbac = {d["kind"]: d for d in yaml.safe_load_all((ROOT / "deploy/kubernetes/rbac.yaml").read_text())}
-    deployment = documents["Deployment"]
+    (deployment,) = [d for d in documents if d["kind"] == "StatefulSet"]
     pod = deployment["spec"]["template"]
     assert violations(pod) == []
     account = rbac["ServiceAccount"]["metadata"]
     assert deployment["metadata"]["namespace"] == account["namespace"]
     assert pod["spec"]["serviceAccountName"] == account["name"]
     (container,) = pod["spec"]["containers"]
-    env = {variable["name"]: variable["value"] for variable in container["env"]}
+    env = {variable["name"]: variable.get("value") for variable in container["env"]}
     assert env["BACKEND"] == "kubernetes" and env["NAMESPACE"] == rbac["Role"]["metadata"]["namespace"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     # The tokens come from a Secret no one but the server's group reads; the server answers only with them.
@@ -86,7 +86,20 @@ def test_the_servers_deployment_is_restricted_runs_as_the_bound_account_and_poin
     assert env["SANDBOX_HTTP_TOKENS_FILE"].startswith(mount["mountPath"] + "/")
     probes = {kind: container[f"{kind}Probe"]["httpGet"] for kind in ("readiness", "liveness")}
     assert probes == {"readiness": {"path": "/readyz", "port": "mcp"}, "liveness": {"path": "/healthz", "port": "mcp"}}
-    assert documents["Service"]["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    services = {d["metadata"]["name"]: d["spec"] for d in documents if d["kind"] == "Service"}
+    for service in services.values():
+        assert service["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    # Replicas: each pod's name is its replica id, and the peer URL is its name under the headless Service.
+    (replica_id,) = [v["valueFrom"]["fieldRef"]["fieldPath"] for v in container["env"] if "valueFrom" in v]
+    assert replica_id == "metadata.name" and env["SANDBOX_HTTP_REPLICA_ID"] is None
+    peers = services[deployment["spec"]["serviceName"]]
+    assert peers["clusterIP"] == "None"
+    namespace = deployment["metadata"]["namespace"]
+    assert (
+        env["SANDBOX_HTTP_PEER_URL"] == f"http://{{replica}}.{deployment['spec']['serviceName']}.{namespace}.svc:8080"
+    )
+    assert peers["ports"][0]["port"] == 8080 and container["args"][-1].endswith(":8080")
+    assert (env["SANDBOX_HTTP_PEER_SECRET_FILE"] or "").startswith(mount["mountPath"] + "/")
 
 
 def test_oauth_comes_from_a_configmap_the_deployment_reads_and_its_client_secret_from_a_secret_it_mounts(
@@ -94,7 +107,7 @@ def test_oauth_comes_from_a_configmap_the_deployment_reads_and_its_client_secret
 ) -> None:
     server = {d["kind"]: d for d in yaml.safe_load_all((ROOT / "deploy/kubernetes/server.yaml").read_text())}
     (config_map,) = yaml.safe_load_all((ROOT / "deploy/kubernetes/oauth.yaml").read_text())
-    deployment = server["Deployment"]
+    deployment = server["StatefulSet"]
     pod = deployment["spec"]["template"]
     (container,) = pod["spec"]["containers"]
     assert config_map["kind"] == "ConfigMap"
