@@ -75,6 +75,8 @@ class Store:
         self._revision = 1
         self._history: deque[Event] = deque(maxlen=history)
         self._watchers: set[Watcher] = set()
+        # Called with every event after the watchers got it: the double's controllers (`agent_sandbox`).
+        self.listeners: list[Callable[[Event], None]] = []
 
     @property
     def resource_version(self) -> str:
@@ -91,6 +93,8 @@ class Store:
         for watcher in self._watchers:
             if watcher.wants(event):
                 watcher.queue.put_nowait(event)
+        for listener in self.listeners:
+            listener(event)
 
     def create(self, resource: Resource, namespace: str, obj: JsonObj) -> JsonObj:
         """Store a new object, filling `uid`, `creationTimestamp`, `resourceVersion`.
@@ -126,6 +130,9 @@ class Store:
 
     def list(self, resource: Resource, namespace: str, matches: Matcher = lambda _: True) -> list[JsonObj]:
         return [copy.deepcopy(obj) for obj in self._iter(resource, namespace) if matches(obj)]
+
+    def namespaces(self) -> set[str]:
+        return {namespace for (_, namespace, _) in self._objects}
 
     def _iter(self, resource: Resource, namespace: str) -> Iterator[JsonObj]:
         for (res, ns, _), obj in sorted(self._objects.items(), key=lambda item: item[0][1:]):
