@@ -196,9 +196,10 @@ class KubernetesEngine:
             self._claimed[claim] = None
             track(claim)
 
-        claim = warm_pools.claim(pool, tracked)
+        created = warm_pools.claim(pool, tracked)
+        claim = str(created["metadata"]["name"])
         try:
-            pod = self._claimed[claim] = warm_pools.pod_of(claim, self._start_timeout)
+            pod = self._claimed[claim] = warm_pools.pod_of(created, self._start_timeout)
             try:
                 found = self._call("core", "read_namespaced_pod", pod, self.namespace)
             except ApiFailure as exc:

@@ -90,24 +90,24 @@ class WarmPools:
             self._pools[key] = name
             return name
 
-    def claim(self, pool: str, track: Callable[[str], None]) -> str:
-        """A new claim on `pool`, tracked as soon as it exists; its name."""
+    def claim(self, pool: str, track: Callable[[str], None]) -> Json:
+        """A new claim on `pool`, tracked (by name) as soon as it exists; the claim as created."""
         name = f"llm-sandbox-{_owner.INSTANCE_ID}-{secrets.token_hex(4)}"
         labels, annotations = owner_metadata("sandbox", int(time.time() + self._ttl))
+        manifest = crd.claim_manifest(name, pool, labels, annotations)
         try:
-            self._custom(
-                "create_namespaced_custom_object", crd.CLAIMS, crd.claim_manifest(name, pool, labels, annotations)
-            )
+            created = self._custom("create_namespaced_custom_object", crd.CLAIMS, manifest)
         except ApiFailure as exc:
             raise self._refused(f"SandboxClaim on warm pool {pool}", exc) from exc
         track(name)
-        return name
+        return created
 
-    def pod_of(self, claim: str, timeout: float) -> str:
-        """The name of the pod the claim got, once the controller says which. Raises SandboxFailure when the claim
-        is refused for good or names none within `timeout` (SANDBOX_K8S_START_TIMEOUT)."""
+    def pod_of(self, obj: Json, timeout: float) -> str:
+        """The name of the pod a claim got, once the controller says which (watched from the claim as created).
+        Raises SandboxFailure when the claim is refused for good or names none within `timeout`
+        (SANDBOX_K8S_START_TIMEOUT)."""
         deadline = time.monotonic() + timeout
-        obj = self._read(claim)
+        claim = str(obj["metadata"]["name"])
         while (sandbox := crd.claimed_sandbox(obj)) is None:
             refused = crd.claim_refused(obj)
             if refused:
