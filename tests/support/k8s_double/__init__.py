@@ -10,7 +10,8 @@ what it does not serve, so a backend that starts relying on more finds out at on
 
 What it implements:
 
-- `/version`, discovery of the groups it serves (`/apis`, `/apis/GROUP/VERSION`), bearer-token authentication (401 `Status` without it); every valid namespace name exists.
+- `/version`, discovery of the groups it serves (`/apis`, `/apis/GROUP/VERSION`), bearer-token authentication
+  (401 `Status` without it); every valid namespace name exists.
   The double's own token is an administrator's; `grant(role, user)` makes a token bound to one Role, whose
   requests RBAC authorizes (403 `Forbidden` as the API server words it; exec over WebSocket needs `get` and
   `create` on `pods/exec`, as since 1.35) and records (`Grant.asked`), see `rbac.py`.
