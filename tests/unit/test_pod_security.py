@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from llm_sandbox_mcp.backends._kubernetes.agent_sandbox import shape, template_manifest
 from llm_sandbox_mcp.backends._kubernetes.pod import PodOptions, pod_manifest
 from llm_sandbox_mcp.config import Settings
 from llm_sandbox_mcp.models import CacheMount, SandboxSpec
@@ -86,3 +87,15 @@ def test_the_servers_deployment_is_restricted_runs_as_the_bound_account_and_poin
     probes = {kind: container[f"{kind}Probe"]["httpGet"] for kind in ("readiness", "liveness")}
     assert probes == {"readiness": {"path": "/readyz", "port": "mcp"}, "liveness": {"path": "/healthz", "port": "mcp"}}
     assert documents["Service"]["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_a_warm_pools_template_carries_the_pod_unchanged_and_asks_for_no_network_policy_of_the_controllers() -> None:
+    pod = _pod(Settings())
+    template = template_manifest("llm-sandbox-x", pod, {}, {})
+    carried = template["spec"]["podTemplate"]
+    assert carried["spec"] == pod["spec"] and carried["metadata"]["labels"] == pod["metadata"]["labels"]
+    assert violations({"metadata": carried["metadata"], "spec": carried["spec"]}) == []
+    # The controller's default policy lets sandboxes reach the internet; policies add up.
+    assert template["spec"]["networkPolicyManagement"] == "Unmanaged"
+    # One template per kind of pod: the same pod has the same shape, another pod another one.
+    assert shape(pod) == shape(_pod(Settings())) != shape(_pod(Settings(), cache=CacheMount("k")))
