@@ -127,7 +127,7 @@ class KubernetesEngine:
                     if claims.served(self._call):
                         self._warm_pools = WarmPools(
                             self._call,
-                            self._connection().watch_custom,
+                            self._connection,
                             self.namespace,
                             self._pool_size,
                             self._ttl,

@@ -12,12 +12,12 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from llm_sandbox_mcp.backends import _owner
 from llm_sandbox_mcp.backends._kubernetes import agent_sandbox as crd
-from llm_sandbox_mcp.backends._kubernetes.api import ApiFailure
+from llm_sandbox_mcp.backends._kubernetes.api import ApiFailure, Cluster
 from llm_sandbox_mcp.backends._kubernetes.pod import Json, items, owner_info, owner_metadata
 from llm_sandbox_mcp.errors import SandboxFailure
 
@@ -26,9 +26,6 @@ logger = logging.getLogger(__name__)
 
 class Call(Protocol):
     def __call__(self, api: str, method: str, *args: Any, **kwargs: Any) -> Json: ...
-
-
-Watch = Callable[[tuple[str, str, str], str, str, str, float], Iterator[tuple[str, Json]]]
 
 
 def served(call: Call) -> bool:
@@ -48,9 +45,11 @@ def served(call: Call) -> bool:
 class WarmPools:
     """This server's templates, warm pools and claims in one namespace."""
 
-    def __init__(self, call: Call, watch: Watch, namespace: str, pool_size: int, ttl: float, hint: str) -> None:
+    def __init__(
+        self, call: Call, connection: Callable[[], Cluster], namespace: str, pool_size: int, ttl: float, hint: str
+    ) -> None:
         self._call = call
-        self._watch = watch
+        self._connection = connection
         self.namespace = namespace
         self._pool_size = pool_size
         self._ttl = ttl
@@ -135,7 +134,7 @@ class WarmPools:
     def _follow(self, claim: str, obj: Json, timeout: float) -> Json:
         """Watch the claim until it names a sandbox or the watch ends; then its latest version."""
         version = str(obj.get("metadata", {}).get("resourceVersion", ""))
-        for kind, event in self._watch(crd.CLAIMS, self.namespace, claim, version, timeout):
+        for kind, event in self._connection().watch_custom(crd.CLAIMS, self.namespace, claim, version, timeout):
             if kind == "DELETED":
                 raise SandboxFailure(f"The SandboxClaim {claim} was deleted before it got a sandbox")
             if kind not in ("ADDED", "MODIFIED"):
