@@ -147,12 +147,19 @@ class Claims(RecordingBackend):
         super().__init__(inner)
         self.api, self.namespace = api, namespace
         self.live: set[str] = set()
+        self.released: set[str] = set()
         self.made: list[str] = []
+        # How the controller gave each claim its sandbox: "warm" (adopted from the pool) or "cold" (started for it).
+        self.launches: list[str] = []
 
     async def create(self, spec: SandboxSpec) -> SandboxRef:
         ref = await super().create(spec)
         claim = next(c for c in listed(self.api, crd.CLAIMS, self.namespace) if c["metadata"]["name"] == ref.id)
-        assert crd.claimed_sandbox(claim), claim
+        sandbox = crd.claimed_sandbox(claim)
+        assert sandbox, claim
+        (got,) = [s for s in listed(self.api, crd.SANDBOXES, self.namespace) if s["metadata"]["name"] == sandbox]
+        assert [r["uid"] for r in got["metadata"]["ownerReferences"]] == [claim["metadata"]["uid"]]
+        self.launches.append(got["metadata"]["labels"]["agents.x-k8s.io/launch-type"])
         self.live.add(ref.id)
         self.made.append(ref.id)
         return ref
@@ -160,6 +167,12 @@ class Claims(RecordingBackend):
     async def destroy(self, ref: SandboxRef) -> None:
         await super().destroy(ref)
         self.live.discard(ref.id)
+        self.released.add(ref.id)
+
+    def check(self) -> None:
+        """Every sandbox in use is a claim, and no released one is (the server's pool may be claiming ahead)."""
+        claims = names(self.api, crd.CLAIMS, self.namespace)
+        assert self.live <= claims and not self.released & claims, (self.live, self.released, claims)
 
 
 async def test_calls_and_a_session_run_in_claims_that_go_with_them_from_a_pool_that_refills(
@@ -178,11 +191,12 @@ async def test_calls_and_a_session_run_in_claims_that_go_with_them_from_a_pool_t
                 session = await registry.create("python", [])
                 result = await registry.execute(session.id, "x = 41\nprint(x + 1)", [], 30)
                 assert result.stdout == "42\n"
-                assert names(api, crd.CLAIMS, namespace) == backend.live  # every live sandbox is a claim, no other
+                backend.check()
                 await registry.close(session.id)
             finally:
                 await registry.aclose()
-            assert names(api, crd.CLAIMS, namespace) == backend.live
+            backend.check()
+            assert backend.released  # the calls' sandboxes and the session's
             # One pool (and template) per kind of pod: the one-shot calls' and the session's, if it differs.
             assert {pool["spec"]["replicas"] for pool in listed(api, crd.WARM_POOLS, namespace)} == {1}
 
@@ -192,8 +206,7 @@ async def test_calls_and_a_session_run_in_claims_that_go_with_them_from_a_pool_t
                 )
 
             eventually(refilled, "a warm pool did not make a ready sandbox again after its one was claimed")
-            sandboxes = listed(api, crd.SANDBOXES, namespace)
-            assert "warm" in {s["metadata"]["labels"].get("agents.x-k8s.io/launch-type") for s in sandboxes}
+            assert "warm" in backend.launches  # claims took the pool's sandboxes
             for template in listed(api, crd.TEMPLATES, namespace):
                 labels = template["metadata"]["labels"]
                 assert labels[_owner.MANAGED] == "true" and labels[_owner.INSTANCE] == _owner.INSTANCE_ID
