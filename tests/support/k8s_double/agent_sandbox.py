@@ -83,7 +83,8 @@ def api_resources(group: str) -> list[JsonObj]:
             }
         )
         if resource is not TEMPLATES:
-            found.append({"name": f"{resource.plural}/status", "namespaced": True, "kind": resource.kind, "verbs": []})
+            status = {"name": f"{resource.plural}/status", "singularName": "", "kind": resource.kind}
+            found.append({**status, "namespaced": True, "verbs": ["get", "patch", "update"]})
     return found
 
 

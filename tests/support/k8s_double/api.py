@@ -100,6 +100,7 @@ class ApiServer:
             add("*", prefix + "/{name}", self._item(resource))
         add("*", "/api/v1/namespaces/{namespace}/pods/{name}/exec", self._exec)
         add("GET", "/apis", self._groups)
+        add("GET", "/apis/", self._groups)  # the generated client asks for `/apis/`
         add("GET", "/apis/{group}/{version}", self._group_resources)
         add("*", "/{tail:.*}", self._no_such_path)
         return app
