@@ -43,6 +43,7 @@ def attempt(action):
         return 'allowed'
     except OSError as exc:
         return type(exc).__name__ + (':' + str(exc.errno) if exc.errno else '')
+limits = ('/sys/fs/cgroup/memory.max', '/sys/fs/cgroup/memory/memory.limit_in_bytes')  # cgroup v2, v1
 def connect():
     with socket.create_connection(('192.0.2.1', 80), timeout=2):
         pass
@@ -53,7 +54,7 @@ print(json.dumps({
     'root': attempt(lambda: open('/probe', 'w')),
     'workspace': attempt(lambda: open('/workspace/probe', 'w')),
     'token': os.path.exists('/var/run/secrets/kubernetes.io/serviceaccount/token'),
-    'memory': open('/sys/fs/cgroup/memory.max').read().strip(),
+    'memory': open(next(path for path in limits if os.path.exists(path))).read().strip(),
     'network': attempt(connect),
 }))
 """
