@@ -4,6 +4,8 @@ go with their sandboxes, the pool refills, and shutdown and the sweep leave noth
 
 Runs against a second API server double with the agent-sandbox CRDs installed (`kube.double(agent_sandbox=True)`);
 what those resources do is tested on the double itself (tests/support/k8s_double/tests/test_agent_sandbox.py).
+About 10 s in all, the hardening probe's 2 s connection timeout twice among them: the claim path is a second way
+every sandbox on a cluster can be made, and these are its only end-to-end proofs in CI.
 """
 
 from __future__ import annotations

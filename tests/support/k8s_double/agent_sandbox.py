@@ -11,11 +11,12 @@ v1beta1, is served:
   many `Sandbox`es made from the template, named `<pool>-<5 random characters>`, controlled by the pool
   (`ownerReferences`) and labelled `agents.x-k8s.io/warm-pool-sandbox`; `status.replicas`, `readyReplicas` and
   `selector` say what it holds. One claimed leaves the pool, which makes another.
-- `SandboxClaim`: `spec.warmPoolRef.name`. The claim adopts a ready sandbox of the pool (the sandbox's controller
-  becomes the claim, its pool label goes), or, with none, makes one named as the claim from the pool's template
-  (a cold start). Its sandbox's name is in `status.sandbox.name` and in the annotation
-  `agents.x-k8s.io/sandbox-name`; its `Ready` condition mirrors the sandbox's (`DependenciesReady` /
-  `DependenciesNotReady`; `WarmPoolNotFound`, `TemplateNotFound` when those are missing).
+- `SandboxClaim`: `spec.warmPoolRef.name`. The claim adopts a sandbox of the pool, a ready one first, else one
+  still starting (the sandbox's controller becomes the claim, its pool label goes), or, when the pool has none,
+  makes one named as the claim from the pool's template (a cold start). Its sandbox's name is in
+  `status.sandbox.name` and in the annotation `agents.x-k8s.io/sandbox-name`; its `Ready` condition mirrors the
+  sandbox's (`DependenciesReady` / `DependenciesNotReady`; `WarmPoolNotFound`, `TemplateNotFound` when those are
+  missing).
 - `Sandbox` (agents.x-k8s.io): `spec.podTemplate`; its pod has its name (annotation `agents.x-k8s.io/pod-name`)
   and is controlled by it; `Ready` is True once the pod runs and is ready. A template's pod spec without
   `automountServiceAccountToken` gets `false`, as the controller defaults it.
