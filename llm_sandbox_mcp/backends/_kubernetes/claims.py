@@ -63,7 +63,11 @@ class WarmPools:
         return self._call("custom", method, group, version, self.namespace, plural, *args, **kwargs)
 
     def _refused(self, what: str, exc: ApiFailure) -> SandboxFailure:
-        hint = f"; {self._hint}" if exc.status in (401, 403) else ""
+        hint = (
+            f"; {self._hint}, or SANDBOX_K8S_SANDBOX_CLAIMS=off for pods of the server's own"
+            if exc.status in (401, 403)
+            else ""
+        )
         return SandboxFailure(f"Kubernetes refused the {what}: {exc.message}{hint}")
 
     def pool_for(self, pod: Json, warm: bool) -> str:

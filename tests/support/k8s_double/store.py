@@ -131,9 +131,6 @@ class Store:
     def list(self, resource: Resource, namespace: str, matches: Matcher = lambda _: True) -> list[JsonObj]:
         return [copy.deepcopy(obj) for obj in self._iter(resource, namespace) if matches(obj)]
 
-    def namespaces(self) -> set[str]:
-        return {namespace for (_, namespace, _) in self._objects}
-
     def _iter(self, resource: Resource, namespace: str) -> Iterator[JsonObj]:
         for (res, ns, _), obj in sorted(self._objects.items(), key=lambda item: item[0][1:]):
             if (res, ns) == (resource, namespace):
