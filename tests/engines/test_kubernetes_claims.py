@@ -14,6 +14,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -24,12 +25,14 @@ from llm_sandbox_mcp.backends._kubernetes import agent_sandbox as crd
 from llm_sandbox_mcp.backends._kubernetes.pod import EXPIRES, PodOptions, pod_manifest
 from llm_sandbox_mcp.backends._threaded import Threaded
 from llm_sandbox_mcp.config import Settings
+from llm_sandbox_mcp.errors import SandboxFailure
 from llm_sandbox_mcp.models import SandboxRef, SandboxSpec
 from llm_sandbox_mcp.run.executor import Executor
 from llm_sandbox_mcp.run.sessions import SessionRegistry
 from tests.engines import kube
 from tests.engines.conftest import RecordingBackend, engine_settings, require_now
 from tests.engines.test_kubernetes import dead_pid, read
+from tests.engines.test_kubernetes_rbac import AGENT_SANDBOX_GROUPS, deployed_role, granted
 
 pytestmark = [pytest.mark.anyio, pytest.mark.kubernetes]
 
@@ -91,7 +94,7 @@ def api() -> Iterator[client.ApiClient]:
 
 def settings(namespace: str, agent_sandbox: bool = True, **overrides: Any) -> Settings:
     return engine_settings(
-        "kubernetes", namespace=namespace, kubeconfig=kube.kubeconfig(agent_sandbox=agent_sandbox), **overrides
+        "kubernetes", **{"namespace": namespace, "kubeconfig": kube.kubeconfig(agent_sandbox), **overrides}
     )
 
 
@@ -256,3 +259,20 @@ async def test_the_sweep_removes_claims_pools_and_templates_of_dead_servers_and_
         assert names(api, crd.CLAIMS, namespace) == {"foreign"}
     finally:
         await off.aclose()
+
+
+async def test_a_role_without_the_claim_rules_is_a_clear_error_naming_the_way_back_to_pods(
+    namespace: str, tmp_path: Path
+) -> None:
+    role = deployed_role()
+    role["rules"] = [rule for rule in role["rules"] if not set(rule["apiGroups"]) & set(AGENT_SANDBOX_GROUPS)]
+    _, kubeconfig = granted(role, namespace, tmp_path, agent_sandbox=True)
+    backend = backend_for(namespace, kubeconfig=kubeconfig)
+    try:
+        with pytest.raises(SandboxFailure) as refused:
+            await backend.create(spec(namespace))
+        message = str(refused.value)
+        assert "is forbidden" in message and "deploy/kubernetes/rbac.yaml" in message
+        assert "SANDBOX_K8S_SANDBOX_CLAIMS=off" in message
+    finally:
+        await backend.aclose()
