@@ -262,6 +262,7 @@ class Settings(BaseSettings):
     sandbox_k8s_cache_size: Size = 2 * 1024**3
     sandbox_k8s_cache_storage_class: str | None = None
     sandbox_k8s_cache_access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = "ReadWriteOnce"
+    sandbox_k8s_sandbox_claims: Literal["auto", "off"] = "auto"
     sandbox_max_sessions: PositiveInt = 8
     sandbox_session_idle_ttl: PositiveFloat = 1800.0
     sandbox_session_max_lifetime: PositiveFloat = 8 * 3600.0

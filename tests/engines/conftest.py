@@ -290,6 +290,7 @@ _ENGINE_MODULES = {
     "test_bubblewrap.py": "bubblewrap",  # host-wide /proc looks for one command line, MARKER, across its tests
     "test_docker.py": "docker",
     "test_kubernetes.py": "kubernetes",  # one API server double per worker, not one per test
+    "test_kubernetes_claims.py": "kubernetes",
     "test_nsjail.py": "nsjail",
     "test_podman.py": "podman",
 }

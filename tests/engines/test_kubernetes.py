@@ -431,7 +431,7 @@ async def test_the_library_cache_is_a_claim_mounted_read_write_to_install_and_re
     assert all(claim["metadata"].get("deletionTimestamp") for claim in claims)
 
 
-def _dead_pid() -> int:
+def dead_pid() -> int:
     process = subprocess.Popen(["true"])
     process.wait()
     return process.pid
@@ -442,7 +442,7 @@ async def test_sweep_removes_pods_of_dead_owners_and_expired_foreign_ones_only(
 ) -> None:
     now = int(time.time())
     owner = _owner.owner_labels()
-    dead = {**owner, _owner.INSTANCE: "dead00000000", _owner.PID: str(_dead_pid()), _owner.STARTED: "1"}
+    dead = {**owner, _owner.INSTANCE: "dead00000000", _owner.PID: str(dead_pid()), _owner.STARTED: "1"}
     foreign = {**owner, _owner.INSTANCE: "elsewhere000", _owner.HOST: "another-host"}
     pods = {
         "dead-owner": (dead, now + 3600),

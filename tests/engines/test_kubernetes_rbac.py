@@ -3,7 +3,9 @@
 The API double authorizes a token bound to a Role as the API server's RBAC authorizer does (403 `Forbidden`
 with its message), and records each request's verb and resource. Every call the server makes to the API is in
 the backend, so exercising each backend operation under the deployed Role proves the Role sufficient, and
-comparing what was asked with what the Role grants proves each rule used.
+comparing what was asked with what the Role grants proves each rule used: by pods of the server's own, or, on a
+double with the agent-sandbox CRDs installed, by sandboxes claimed from warm pools (each path uses part of the Role,
+and between them all of it).
 """
 
 from __future__ import annotations
@@ -30,7 +32,14 @@ ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "python:3.12-slim"
 # Asked only when the API stops answering mid-way, which this test cannot make happen: the pod is read when an
 # exec stream ends without a status (a dropped connection) or the watch of a starting pod ends early.
-ONLY_WHEN_A_CONNECTION_FAILS = {("get", "", "pods"): "KubernetesEngine._running, KubernetesEngine._follow"}
+ONLY_WHEN_A_CONNECTION_FAILS = {
+    ("get", "", "pods"): "KubernetesEngine._running, KubernetesEngine._follow",
+    ("get", "extensions.agents.x-k8s.io", "sandboxclaims"): "WarmPools._follow",
+}
+AGENT_SANDBOX_GROUPS = ("extensions.agents.x-k8s.io", "agents.x-k8s.io")
+# What the claim path never asks: it makes and deletes no pod itself (the controller does, and deletes them with
+# their claim). The pod path asks nothing of the agent-sandbox groups.
+POD_PATH_ONLY = {("create", "", "pods"), ("delete", "", "pods")}
 SERVICE_ACCOUNT = "system:serviceaccount:llm-sandbox-mcp:llm-sandbox-mcp"
 
 
@@ -52,12 +61,13 @@ def deployed_role() -> dict[str, Any]:
     return role
 
 
-def granted(role: dict[str, Any], namespace: str, tmp_path: Path) -> tuple[Grant, Path]:
+def granted(role: dict[str, Any], namespace: str, tmp_path: Path, agent_sandbox: bool = False) -> tuple[Grant, Path]:
     """The Role, moved to the test's own namespace, bound to a new token; and a kubeconfig that uses it."""
     role = copy.deepcopy(role)
     role["metadata"]["namespace"] = namespace
-    grant = kube.double().grant(role, SERVICE_ACCOUNT)
-    return grant, kube.double().write_kubeconfig(tmp_path / "kubeconfig", token=grant.token, namespace=namespace)
+    double = kube.double(agent_sandbox)
+    grant = double.grant(role, SERVICE_ACCOUNT)
+    return grant, double.write_kubeconfig(tmp_path / "kubeconfig", token=grant.token, namespace=namespace)
 
 
 @pytest.fixture
@@ -66,9 +76,15 @@ def namespace(request: pytest.FixtureRequest) -> str:
     return f"r-{uuid.uuid4().hex[:10]}"
 
 
+@pytest.fixture(params=["pods", "claims"])
+def path(request: pytest.FixtureRequest) -> str:
+    """How sandboxes are made: pods of the server's own, or claims on a double with the agent-sandbox CRDs."""
+    return str(request.param)
+
+
 @pytest.fixture
-async def under_role(namespace: str, tmp_path: Path) -> AsyncIterator[tuple[Threaded, Grant]]:
-    grant, kubeconfig = granted(deployed_role(), namespace, tmp_path)
+async def under_role(namespace: str, tmp_path: Path, path: str) -> AsyncIterator[tuple[Threaded, Grant]]:
+    grant, kubeconfig = granted(deployed_role(), namespace, tmp_path, agent_sandbox=path == "claims")
     backend = load_backend("kubernetes", engine_settings("kubernetes", namespace=namespace, kubeconfig=kubeconfig))
     assert isinstance(backend, Threaded)
     try:
@@ -92,7 +108,7 @@ def _expanded(role: dict[str, Any]) -> set[tuple[str, str, str]]:
 
 
 async def test_under_the_deployed_role_every_operation_works_and_every_rule_is_used(
-    under_role: tuple[Threaded, Grant], namespace: str
+    under_role: tuple[Threaded, Grant], namespace: str, path: str
 ) -> None:
     backend, grant = under_role
     installer = await backend.create(spec(namespace, CacheMount("rbac", writable=True)))
@@ -109,8 +125,15 @@ async def test_under_the_deployed_role_every_operation_works_and_every_rule_is_u
     await backend.sweep()
     await backend.destroy(runner)
     await backend.drop_cache("rbac")
+    if path == "claims":
+        assert "claimed from warm pools" in await backend.describe()
+    await backend.aclose()  # the claim path lists and deletes its pools and templates
 
     refused = [attributes.describe() for attributes, allowed in grant.asked if not allowed]
     assert refused == []
     asked = {(attributes.verb, attributes.group, attributes.resource) for attributes, _ in grant.asked}
-    assert asked | set(ONLY_WHEN_A_CONNECTION_FAILS) == _expanded(deployed_role())
+    role = _expanded(deployed_role())
+    claim_path_only = {rule for rule in role if rule[1] in AGENT_SANDBOX_GROUPS}
+    not_asked = claim_path_only if path == "pods" else POD_PATH_ONLY
+    assert role >= POD_PATH_ONLY and claim_path_only  # between them, the two paths use every rule
+    assert asked | (set(ONLY_WHEN_A_CONNECTION_FAILS) - not_asked) == role - not_asked

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from llm_sandbox_mcp.backends._kubernetes.agent_sandbox import shape, template_manifest
 from llm_sandbox_mcp.backends._kubernetes.pod import PodOptions, pod_manifest
 from llm_sandbox_mcp.config import Settings, env_name
 from llm_sandbox_mcp.models import CacheMount, SandboxSpec
@@ -131,3 +132,15 @@ def test_oauth_comes_from_a_configmap_the_deployment_reads_and_its_client_secret
     oauth = check_authentication(Settings(), parse_listen("0.0.0.0:8080"), unauthenticated_loopback=False).oauth
     assert oauth is not None and oauth.jwks_url is not None and oauth.introspection_url is not None
     assert oauth.client_secret == "the-client-secret" and oauth.resource.endswith("/mcp")
+
+
+def test_a_warm_pools_template_carries_the_pod_unchanged_and_asks_for_no_network_policy_of_the_controllers() -> None:
+    pod = _pod(Settings())
+    template = template_manifest("llm-sandbox-x", pod, {}, {})
+    carried = template["spec"]["podTemplate"]
+    assert carried["spec"] == pod["spec"] and carried["metadata"]["labels"] == pod["metadata"]["labels"]
+    assert violations({"metadata": carried["metadata"], "spec": carried["spec"]}) == []
+    # The controller's default policy lets sandboxes reach the internet; policies add up.
+    assert template["spec"]["networkPolicyManagement"] == "Unmanaged"
+    # One template per kind of pod: the same pod has the same shape, another pod another one.
+    assert shape(pod) == shape(_pod(Settings())) != shape(_pod(Settings(), cache=CacheMount("k")))

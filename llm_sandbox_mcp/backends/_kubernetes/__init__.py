@@ -1,7 +1,8 @@
 """Kubernetes backend: one hardened pod per sandbox, processes over the `pods/exec` WebSocket.
 
-The client is wrapped in `api` (typed, blocking, plain JSON) and every call runs in a worker thread (`Threaded`); the
-objects come from `pod` and exec frames are handled in `exec`.
+The pod is made by the server, or, where the cluster serves the agent-sandbox CRDs, claimed from a warm pool of
+that same pod (`claims`). The client is wrapped in `api` (typed, blocking, plain JSON) and every call runs in a
+worker thread (`Threaded`); the objects come from `pod` and `agent_sandbox`, and exec frames are handled in `exec`.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Literal
 
 from llm_sandbox_mcp.backends import VANISHED_EXIT, _owner
 from llm_sandbox_mcp.backends._container import CACHE_PREFIX, KILL_REQUEST, KILL_SECONDS
+from llm_sandbox_mcp.backends._kubernetes import claims
 from llm_sandbox_mcp.backends._kubernetes.api import ApiFailure, Cluster, connect
+from llm_sandbox_mcp.backends._kubernetes.claims import WarmPools
 from llm_sandbox_mcp.backends._kubernetes.exec import ExecRefused, ExecStream, WebSocketProcess, exit_code, pump, wrap
 from llm_sandbox_mcp.backends._kubernetes.pod import (
     CONTAINER,
@@ -79,6 +82,8 @@ class KubernetesEngine:
         start_timeout: float,
         ttl_seconds: float,
         allow_no_network_policy: bool = False,
+        sandbox_claims: Literal["auto", "off"] = "auto",
+        pool_size: int = 0,
     ) -> None:
         self.namespace = namespace
         self._allow_no_policy = allow_no_network_policy
@@ -93,8 +98,16 @@ class KubernetesEngine:
         self._connect_lock = threading.Lock()
         self._policy_lock = threading.Lock()
         self._policy_ensured = False
-        # Pod name -> the processes `start` began in it, while they are in use.
+        # Sandbox id -> the processes `start` began in it, while they are in use.
         self._started: dict[str, weakref.WeakSet[WebSocketProcess]] = {}
+        self._sandbox_claims = sandbox_claims
+        self._pool_size = pool_size
+        # The claim path, once discovery has said whether the cluster serves it (None: pods of our own).
+        self._warm_pools: WarmPools | None = None
+        self._discovered = False
+        self._discovery_lock = threading.Lock()
+        # A claimed sandbox's id is its claim's name -> its pod's name, once the claim has one.
+        self._claimed: dict[str, str | None] = {}
 
     def _connection(self) -> Cluster:
         with self._connect_lock:
@@ -105,8 +118,33 @@ class KubernetesEngine:
     def _call(self, api: str, method: str, *args: Any, **kwargs: Any) -> Json:
         return self._connection().call(api, method, *args, **kwargs)
 
-    def _open_exec(self, pod: str, argv: Sequence[str], stdin: bool) -> ExecStream:
+    def _claim_path(self) -> WarmPools | None:
+        """The claim path when the cluster serves the agent-sandbox CRDs (and SANDBOX_K8S_SANDBOX_CLAIMS is not
+        off), asked of discovery once."""
+        with self._discovery_lock:
+            if not self._discovered and self._sandbox_claims != "off":
+                try:
+                    if claims.served(self._call):
+                        self._warm_pools = WarmPools(
+                            self._call,
+                            self._connection,
+                            self.namespace,
+                            self._pool_size,
+                            self._ttl,
+                            _RBAC_HINT,
+                        )
+                except ApiFailure as exc:
+                    logger.warning("Discovery of the agent-sandbox CRDs failed (%s); sandboxes are pods", exc.message)
+            self._discovered = True
+            return self._warm_pools
+
+    def _pod(self, sandbox_id: str) -> str:
+        """The pod of a sandbox: a claimed one's pod has another name than its claim."""
+        return self._claimed.get(sandbox_id) or sandbox_id
+
+    def _open_exec(self, sandbox_id: str, argv: Sequence[str], stdin: bool) -> ExecStream:
         """Raises SandboxFailure: the sandbox is gone, or the cluster refuses the exec."""
+        pod = self._pod(sandbox_id)
         try:
             return self._connection().open_exec(self.namespace, pod, CONTAINER, argv, stdin)
         except ApiFailure as exc:
@@ -130,6 +168,9 @@ class KubernetesEngine:
         name = f"llm-sandbox-{_owner.INSTANCE_ID}-{secrets.token_hex(4)}"
         labels, annotations = owner_metadata("sandbox", int(time.time() + self._ttl))
         manifest = pod_manifest(name, spec, labels, annotations, self._pod_options)
+        warm_pools = self._claim_path()
+        if warm_pools is not None:
+            return self._create_claimed(warm_pools, spec, manifest, track)
         try:
             created = self._call("core", "create_namespaced_pod", self.namespace, manifest)
         except ApiFailure as exc:
@@ -144,6 +185,32 @@ class KubernetesEngine:
             self.remove(name)
             raise
         return name
+
+    def _create_claimed(
+        self, warm_pools: WarmPools, spec: SandboxSpec, manifest: Json, track: Callable[[str], None]
+    ) -> str:
+        """A sandbox claimed from the warm pool of pods like `manifest`; its id is its claim's name."""
+        pool = warm_pools.pool_for(manifest, warm=spec.cache is None and not spec.env)
+
+        def tracked(claim: str) -> None:
+            self._claimed[claim] = None
+            track(claim)
+
+        created = warm_pools.claim(pool, tracked)
+        claim = str(created["metadata"]["name"])
+        try:
+            pod = self._claimed[claim] = warm_pools.pod_of(created, self._start_timeout)
+            try:
+                found = self._call("core", "read_namespaced_pod", pod, self.namespace)
+            except ApiFailure as exc:
+                if exc.status != 404:
+                    raise SandboxFailure(f"Kubernetes could not read the sandbox pod {pod}: {exc.message}") from exc
+                found = {"metadata": {"name": pod}}  # not made yet: the watch sees it come
+            self._wait_running(pod, found)
+        except BaseException:
+            self.remove(claim)
+            raise
+        return claim
 
     def _wait_running(self, name: str, pod: Json) -> None:
         """Return once the pod runs; raise ImageMissing/SandboxFailure when it cannot, or at the start timeout."""
@@ -259,7 +326,7 @@ class KubernetesEngine:
         except ExecRefused as exc:
             raise SandboxFailure(f"Kubernetes could not run {argv[0]!r} in sandbox {ref.id}: {exc}") from exc
         if code is None:  # the stream ended without a status: the pod, or only the connection, went away
-            code = VANISHED_EXIT if timed_out or not self._running(ref.id) else -1
+            code = VANISHED_EXIT if timed_out or not self._running(self._pod(ref.id)) else -1
         return ExecResult.captured(code, out, err, timed_out=timed_out, started=begun)
 
     def _running(self, name: str) -> bool:
@@ -308,6 +375,10 @@ class KubernetesEngine:
 
     def remove(self, name: str) -> None:
         self._started.pop(name, None)
+        if name in self._claimed and self._warm_pools is not None:
+            self._warm_pools.release(name)
+            self._claimed.pop(name, None)
+            return
         try:
             self._call("core", "delete_namespaced_pod", name, self.namespace, grace_period_seconds=0)
         except ApiFailure as exc:
@@ -322,11 +393,18 @@ class KubernetesEngine:
                 logger.warning("Could not delete library cache volume %s: %s", CACHE_PREFIX + key, exc.message)
 
     def sweep(self) -> int:
+        """Pods, and where claims are used the claims, warm pools and templates, of servers that are gone. A pod
+        that something else controls (a claimed or pooled Sandbox) goes with its owner instead."""
         listing = self._call("core", "list_namespaced_pod", self.namespace, label_selector=f"{_owner.MANAGED}=true")
-        stale = [str(pod["metadata"]["name"]) for pod in items(listing) if _is_stale(owner_info(pod))]
+        stale = [
+            str(pod["metadata"]["name"])
+            for pod in items(listing)
+            if _is_stale(owner_info(pod)) and not pod["metadata"].get("ownerReferences")
+        ]
         for name in stale:
             self.remove(name)
-        return len(stale)
+        warm_pools = self._claim_path()
+        return len(stale) + (warm_pools.sweep(_is_stale) if warm_pools is not None else 0)
 
     # ---- about ----------------------------------------------------------------------------------
 
@@ -336,9 +414,15 @@ class KubernetesEngine:
         except ApiFailure as exc:
             raise BackendUnavailable(f"The Kubernetes API server refused to say its version: {exc.message}") from exc
         cluster = self._connection()
+        source = (
+            f"sandboxes claimed from warm pools of {self._pool_size} (agent-sandbox CRDs served)"
+            if self._claim_path() is not None
+            else "sandboxes as pods of the server's own"
+            + (" (SANDBOX_K8S_SANDBOX_CLAIMS=off)" if self._sandbox_claims == "off" else "")
+        )
         return (
             f"Kubernetes {version.get('gitVersion', '?')} at {cluster.host} ({cluster.source}), "
-            f"namespace {self.namespace}, {self._policy_state()}"
+            f"namespace {self.namespace}, {self._policy_state()}, {source}"
         )
 
     def _policy_state(self) -> str:
@@ -351,6 +435,11 @@ class KubernetesEngine:
         return f"NetworkPolicy {POLICY_NAME} in place"
 
     def close(self) -> None:
+        if self._warm_pools is not None:
+            try:
+                self._warm_pools.close()
+            except BackendUnavailable as exc:
+                logger.warning("Could not remove this server's warm pools: %s", exc)
         with self._connect_lock:
             if self._cluster is not None:
                 self._cluster.close()
@@ -400,5 +489,7 @@ def from_settings(settings: Settings) -> Threaded:
             settings.sandbox_k8s_start_timeout,
             ttl,
             settings.sandbox_k8s_allow_no_network_policy,
+            settings.sandbox_k8s_sandbox_claims,
+            settings.sandbox_pool_size,
         )
     )

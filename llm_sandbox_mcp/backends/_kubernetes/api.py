@@ -69,12 +69,13 @@ class Cluster:
             "core": k8s.CoreV1Api(api_client),
             "networking": k8s.NetworkingV1Api(api_client),
             "version": k8s.VersionApi(api_client),
+            "custom": k8s.CustomObjectsApi(api_client),
         }
         self.host = str(self._configuration.host)
         self.source = source
 
     def call(self, api: str, method: str, *args: Any, **kwargs: Any) -> Json:
-        """One REST call (`api`: core, networking or version); the answer as JSON.
+        """One REST call (`api`: core, networking, version or custom); the answer as JSON.
 
         Raises:
             ApiFailure: the API server answered with an error.
@@ -122,10 +123,23 @@ class Cluster:
     def watch_pod(self, namespace: str, name: str, resource_version: str, timeout: float) -> Iterator[tuple[str, Json]]:
         """(event type, pod) for each change of one pod after `resource_version`, until `timeout` or the API server
         ends the watch (an expired version ends it too: read the pod then)."""
+        return self._watch(self._apis["core"].list_namespaced_pod, (namespace,), name, resource_version, timeout)
+
+    def watch_custom(
+        self, kind: tuple[str, str, str], namespace: str, name: str, resource_version: str, timeout: float
+    ) -> Iterator[tuple[str, Json]]:
+        """As `watch_pod`, for one custom object of `kind` (group, version, plural)."""
+        group, version, plural = kind
+        list_call = self._apis["custom"].list_namespaced_custom_object
+        return self._watch(list_call, (group, version, namespace, plural), name, resource_version, timeout)
+
+    def _watch(
+        self, list_call: Any, args: tuple[str, ...], name: str, resource_version: str, timeout: float
+    ) -> Iterator[tuple[str, Json]]:
         watcher = Watch()
         events = watcher.stream(
-            self._apis["core"].list_namespaced_pod,
-            namespace,
+            list_call,
+            *args,
             field_selector=f"metadata.name={name}",
             resource_version=resource_version,
             timeout_seconds=max(1, int(timeout)),

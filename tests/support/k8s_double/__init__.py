@@ -10,7 +10,8 @@ what it does not serve, so a backend that starts relying on more finds out at on
 
 What it implements:
 
-- `/version`, bearer-token authentication (401 `Status` without it); every valid namespace name exists.
+- `/version`, discovery of the groups it serves (`/apis`, `/apis/GROUP/VERSION`), bearer-token authentication
+  (401 `Status` without it); every valid namespace name exists.
   The double's own token is an administrator's; `grant(role, user)` makes a token bound to one Role, whose
   requests RBAC authorizes (403 `Forbidden` as the API server words it; exec over WebSocket needs `get` and
   `create` on `pods/exec`, as since 1.35) and records (`Grant.asked`), see `rbac.py`.
@@ -41,6 +42,10 @@ What it implements:
   and the cluster DNS server in `/etc/resolv.conf`, and everything it sends is dropped on the node side of
   its veth pair, so connections out time out as under a CNI that enforces the policy; other pods get the
   host network.
+- With `agent_sandbox=True`, the agent-sandbox CRDs (v1beta1 `SandboxTemplate`, `SandboxWarmPool`,
+  `SandboxClaim`, `Sandbox`: create, get, list, watch, delete) and what their controllers and the garbage
+  collector do with them (`agent_sandbox.py`, which cites the published definitions and says how it differs);
+  without it, they are not served (404, as on a cluster without the CRDs).
 
 Exec behaves like the kubelet: v5 clients end stdin with `close_channel(0)`; v4 has no end-of-stdin
 signal (an empty stdin frame is a zero-byte write), so stdin ends only when the client disconnects;
@@ -50,7 +55,7 @@ command that cannot start gives an `InternalError` status, as on a real cluster 
 
 What it deliberately does not serve, and how it answers:
 
-- 404 NotFound: discovery other than `/version`, namespaces, `pods/log`, any other resource.
+- 404 NotFound: discovery of the core group (`/api`), namespaces, `pods/log`, any other resource.
 - 405 MethodNotAllowed: delete collection, update and patch, deleting a network policy.
 - 422 Invalid: `generateName`, init containers, multi-container pods, volume
   types other than emptyDir and persistentVolumeClaim, container `stdin`/`tty`, network policy rules

@@ -19,7 +19,8 @@ import docker
 import docker.errors
 from aiohttp import web
 
-from . import errors, rbac
+from . import agent_sandbox, errors, rbac
+from .agent_sandbox import SandboxController
 from .docker_api import docker_api
 from .errors import ApiError, FieldError, bad_request, invalid, method_not_allowed
 from .exec_ws import serve_exec
@@ -69,6 +70,7 @@ class ApiServer:
         executor: ThreadPoolExecutor,
         *,
         token: str,
+        with_agent_sandbox: bool = False,
     ) -> None:
         self._store = store
         self._kubelet = kubelet
@@ -77,6 +79,11 @@ class ApiServer:
         self._token = token
         # Tokens bound to a Role (`KubeApiDouble.grant`); the double's own token is an administrator's.
         self.grants: dict[str, Grant] = {}
+        # The agent-sandbox CRDs, installed or not, and their controllers when they are.
+        self._custom: tuple[Resource, ...] = ()
+        if with_agent_sandbox:
+            self._custom = agent_sandbox.RESOURCES
+            SandboxController(store, kubelet.start_pod, kubelet.delete_pod)
 
     def application(self) -> web.Application:
         app = web.Application(middlewares=[self._middleware], client_max_size=256 * 1024 * 1024)
@@ -87,10 +94,14 @@ class ApiServer:
             ("/api/v1/namespaces/{namespace}/pods", PODS),
             ("/api/v1/namespaces/{namespace}/persistentvolumeclaims", PERSISTENT_VOLUME_CLAIMS),
             ("/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies", NETWORK_POLICIES),
+            *((f"/apis/{r.api_version}/namespaces/{{namespace}}/{r.plural}", r) for r in self._custom),
         ):
             add("*", prefix, self._collection(resource))
             add("*", prefix + "/{name}", self._item(resource))
         add("*", "/api/v1/namespaces/{namespace}/pods/{name}/exec", self._exec)
+        add("GET", "/apis", self._groups)
+        add("GET", "/apis/", self._groups)  # the generated client asks for `/apis/`
+        add("GET", "/apis/{group}/{version}", self._group_resources)
         add("*", "/{tail:.*}", self._no_such_path)
         return app
 
@@ -116,6 +127,38 @@ class ApiServer:
 
     async def _version(self, request: web.Request) -> web.StreamResponse:
         return json_response(KUBERNETES_VERSION)
+
+    def _served_groups(self) -> dict[str, list[JsonObj]]:
+        """Each served group/version of `/apis` and its resources, as discovery lists them."""
+        policies: JsonObj = {
+            "name": NETWORK_POLICIES.plural,
+            "singularName": "networkpolicy",
+            "namespaced": True,
+            "kind": NETWORK_POLICIES.kind,
+            "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+            "shortNames": ["netpol"],
+        }
+        served = {NETWORK_POLICIES.api_version: [policies]}
+        for resource in self._custom:
+            served[resource.api_version] = agent_sandbox.api_resources(resource.group)
+        return served
+
+    async def _groups(self, request: web.Request) -> web.StreamResponse:
+        groups: list[JsonObj] = []
+        for group_version in self._served_groups():
+            group, version = group_version.split("/")
+            preferred = {"groupVersion": group_version, "version": version}
+            groups.append({"name": group, "versions": [preferred], "preferredVersion": preferred})
+        return json_response({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+
+    async def _group_resources(self, request: web.Request) -> web.StreamResponse:
+        group_version = f"{request.match_info['group']}/{request.match_info['version']}"
+        resources = self._served_groups().get(group_version)
+        if resources is None:
+            raise errors.no_such_path()
+        return json_response(
+            {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}
+        )
 
     async def _no_such_path(self, request: web.Request) -> web.StreamResponse:
         raise errors.no_such_path()
@@ -153,6 +196,11 @@ class ApiServer:
             obj = self._store.get(resource, self._use_namespace(request), request.match_info["name"])
             if request.method == "GET":
                 return json_response(obj)
+            if resource in self._custom:
+                # What the object controls goes after it, in the controllers' next pass (the garbage collector).
+                return json_response(
+                    self._store.delete(resource, obj["metadata"]["namespace"], obj["metadata"]["name"])
+                )
             if resource is PODS:
                 await self._check_immediate(request, obj)
                 return json_response(self._kubelet.delete_pod(obj))
@@ -229,6 +277,10 @@ class ApiServer:
             return json_response(created, 201)
         if resource is PERSISTENT_VOLUME_CLAIMS:
             return json_response(await self._create_pvc(namespace, obj), 201)
+        if resource in self._custom:
+            obj.pop("status", None)  # a subresource of its own: create ignores it
+            agent_sandbox.validate(resource, obj)
+            return json_response(self._store.create(resource, namespace, obj), 201)
         validate_network_policy(obj)
         obj.pop("status", None)
         return json_response(self._store.create(resource, namespace, obj), 201)

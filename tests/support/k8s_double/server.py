@@ -42,6 +42,7 @@ class KubeApiDouble:
         runtime_classes: `runtimeClassName`s that start; any other leaves the pod Pending.
         seccomp_root: the node's seccomp directory, where `Localhost` profiles are read (none: they fail).
         pod_pids_limit: kubelet `--pod-max-pids`, applied as the container's pids limit.
+        agent_sandbox: the agent-sandbox CRDs are installed, with what their controllers do (`agent_sandbox`).
     """
 
     def __init__(
@@ -53,6 +54,7 @@ class KubeApiDouble:
         runtime_classes: Iterable[str] = (),
         seccomp_root: Path | None = None,
         pod_pids_limit: int | None = None,
+        agent_sandbox: bool = False,
     ) -> None:
         if not is_dns1123_label(namespace):
             raise ValueError(f"namespace {namespace!r} is not a valid Kubernetes namespace name")
@@ -62,6 +64,7 @@ class KubeApiDouble:
         self._own_client = docker_client is None
         self._client = docker_client
         self._runtime_classes = tuple(runtime_classes)
+        self.agent_sandbox = agent_sandbox
         self._options = RuntimeOptions(seccomp_root=seccomp_root, pids_limit=pod_pids_limit)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -164,7 +167,14 @@ class KubeApiDouble:
             runtime_classes=self._runtime_classes,
             options=self._options,
         )
-        api = ApiServer(self._store, self._kubelet, self._client, self._executor, token=self.token)
+        api = ApiServer(
+            self._store,
+            self._kubelet,
+            self._client,
+            self._executor,
+            token=self.token,
+            with_agent_sandbox=self.agent_sandbox,
+        )
         self._api = api
         # The API server accepts request lines and headers up to 1 MiB (Go's MaxHeaderBytes it sets), so exec
         # commands with long arguments (a script passed to `sh -c`) work; aiohttp's default is 8 KiB.

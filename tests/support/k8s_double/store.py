@@ -75,6 +75,8 @@ class Store:
         self._revision = 1
         self._history: deque[Event] = deque(maxlen=history)
         self._watchers: set[Watcher] = set()
+        # Called with every event after the watchers got it: the double's controllers (`agent_sandbox`).
+        self.listeners: list[Callable[[Event], None]] = []
 
     @property
     def resource_version(self) -> str:
@@ -91,6 +93,8 @@ class Store:
         for watcher in self._watchers:
             if watcher.wants(event):
                 watcher.queue.put_nowait(event)
+        for listener in self.listeners:
+            listener(event)
 
     def create(self, resource: Resource, namespace: str, obj: JsonObj) -> JsonObj:
         """Store a new object, filling `uid`, `creationTimestamp`, `resourceVersion`.
