@@ -6,6 +6,9 @@
 # GOPROXY and GOSUMDB come from the server's settings when set, else the toolchain's defaults.
 set -eu
 L=/opt/llm-sandbox/libs/go
+# Without libraries, a project image's pre-built standard library (go.Dockerfile) is all a run needs: the store
+# stays empty and go_run.sh uses the image's cache. A base image without one gets a cache built here.
+if [ "$#" -eq 0 ] && [ -d /opt/llm-sandbox/go-cache ]; then exit 0; fi
 export GOMODCACHE="$L/pkg/mod" GOCACHE="$L/cache" GOTOOLCHAIN=local
 mkdir -p "$L/mod" "$GOCACHE"
 if [ "$#" -gt 0 ]; then

@@ -12,7 +12,11 @@ if [ -n "${LLM_SANDBOX_BUILD_PIPE:-}" ]; then
   IFS= read -r mode || exit 70
 fi
 cat > main.go || exit 70
-if [ -d "$L/cache" ]; then export GOCACHE="$L/cache"; fi
+if [ -d "$L/cache" ]; then
+  export GOCACHE="$L/cache"
+elif [ -d /opt/llm-sandbox/go-cache ]; then
+  export GOCACHE=/opt/llm-sandbox/go-cache # the project image's pre-built standard library
+fi
 if [ -f "$L/mod/go.mod" ]; then
   cp "$L/mod/go.mod" go.mod
   if [ -f "$L/mod/go.sum" ]; then cp "$L/mod/go.sum" go.sum; fi

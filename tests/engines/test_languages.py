@@ -387,10 +387,13 @@ async def test_javascript_runs_commonjs_and_es_modules(lang_executor: Executor, 
 
 
 @pytest.mark.parametrize("engine", RUNTIME_SOURCES)
-async def test_go_builds_against_the_prebuilt_standard_library_cache(lang_executor: Executor) -> None:
+async def test_go_builds_against_the_prebuilt_standard_library_cache(lang_executor: Executor, engine: str) -> None:
+    """Without libraries: a project image's own (go.Dockerfile), the store left empty; the host's toolchain
+    (bubblewrap) has none, so the store's."""
     code = 'package main\n\nimport (\n\t"fmt"\n\t"os"\n)\n\nfunc main() {\n\tfmt.Println(os.Getenv("GOCACHE"))\n}\n'
     result = await lang_executor.execute(code, "go", timeout=120)
-    assert (result.exit_code, result.stdout) == (0, "/opt/llm-sandbox/libs/go/cache\n"), result.stderr
+    expected = "/opt/llm-sandbox/libs/go/cache" if engine == "bubblewrap" else "/opt/llm-sandbox/go-cache"
+    assert (result.exit_code, result.stdout) == (0, f"{expected}\n"), result.stderr
 
 
 @pytest.mark.parametrize("engine", RUNTIME_SOURCES)
