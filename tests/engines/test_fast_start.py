@@ -141,7 +141,7 @@ async def private_store(
     lang = get_language(language)
     key = uuid.uuid4().hex
 
-    def private_key(_lang: Language, _specs: list[str]) -> str:
+    def private_key(_lang: Language, _specs: list[str], _owner: str = "") -> str:
         return key
 
     try:

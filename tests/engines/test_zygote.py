@@ -12,6 +12,7 @@ import textwrap
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import cast
 
 import anyio
 import pytest
@@ -29,7 +30,7 @@ from llm_sandbox_mcp.run.zygote import templates as zygote_templates
 from llm_sandbox_mcp.seccomp.bpf import FILTER
 from tests.engines import test_contract as contract
 from tests.engines.conftest import engine_settings, require
-from tests.engines.test_bubblewrap import MARKER, dead_owner, host_processes, until
+from tests.engines.test_bubblewrap import dead_owner, host_processes, own_marker, until
 
 pytestmark = [pytest.mark.anyio]
 
@@ -60,7 +61,9 @@ async def zygote_executor(request: pytest.FixtureRequest, ahead: int, engine: st
     try:
         async with Executor(settings, backend) as executor:
             yield executor
-            if "uses_the_pool" not in request.node.name:
+            # pytest 9.1 leaves FixtureRequest.node untyped.
+            node = cast("pytest.Item", request.node)  # pyright: ignore[reportUnknownMemberType]
+            if "uses_the_pool" not in node.name:
                 # Every call of the test ran in a child: none fell back to the pool.
                 assert executor.zygote.policy.served > 0 and not executor.zygote.policy.unavailable
     finally:
@@ -124,13 +127,14 @@ async def test_a_forked_call_runs_through_the_executors_one_run(executor: Execut
 
 
 async def test_each_call_starts_clean(executor: Executor) -> None:
+    marker = own_marker()  # other tests, other workers and other runs on this host use MARKER
     leave = textwrap.dedent(f"""
         import ctypes, subprocess
         for path in ("/workspace/left", "/tmp/left", "/dev/shm/left", "/workspace/outputs/left.txt"):
             open(path, "w").write("secret")
         ctypes.CDLL(None).shmget(0x5A59, 4096, 0o1666)  # IPC_CREAT | 0666
         os.environ["LEFT"] = "secret"
-        subprocess.Popen(["sleep", "{MARKER}"], start_new_session=True)
+        subprocess.Popen(["sleep", "{marker}"], start_new_session=True)
         SECRET = "in memory"
         print("left")
     """)
@@ -138,7 +142,7 @@ async def test_each_call_starts_clean(executor: Executor) -> None:
     assert first.exit_code == 0 and first.stdout == "left\n", first.stderr
     assert [artifact.name for artifact in first.artifacts] == ["left.txt"]
     # Everything the call started is gone with it, killed from outside.
-    await until(lambda: not host_processes(MARKER))
+    await until(lambda: not host_processes(marker))
     look = PROBE + textwrap.dedent("""
         print(json.dumps({
             "files": [p for p in ("/workspace/left", "/tmp/left", "/dev/shm/left", "/workspace/outputs/left.txt")
@@ -160,6 +164,7 @@ async def test_each_call_starts_clean(executor: Executor) -> None:
 
 
 async def test_concurrent_calls_cannot_see_each_other(executor: Executor) -> None:
+    marker = own_marker()  # other tests, other workers and other runs on this host use MARKER
     hold = textwrap.dedent(f"""
         import ctypes, socket, subprocess, sys, time
         open("/tmp/secret", "w").write("secret")
@@ -167,7 +172,7 @@ async def test_concurrent_calls_cannot_see_each_other(executor: Executor) -> Non
         server = socket.socket(socket.AF_UNIX)
         server.bind("\\0llm-sandbox-zygote-test")
         server.listen(1)
-        subprocess.Popen(["sleep", "{MARKER}"])
+        subprocess.Popen(["sleep", "{marker}"])
         terminal = os.openpty()
         print("ready", flush=True)
         time.sleep(60)
@@ -184,7 +189,7 @@ async def test_concurrent_calls_cannot_see_each_other(executor: Executor) -> Non
             "abstract": abstract,
             "shm": libc.shmget(0x5A5A, 0, 0),
             "tmp": os.path.exists("/tmp/secret"),
-            "sleep": any("{MARKER}" in command for command in commands),
+            "sleep": any("{marker}" in command for command in commands),
             "terminals": sorted(os.listdir("/dev/pts")),
         }}))
     """)
@@ -194,7 +199,7 @@ async def test_concurrent_calls_cannot_see_each_other(executor: Executor) -> Non
         tasks.start_soon(forked, executor, hold, 60, live)
         with anyio.fail_after(30):
             await live.wait_for_output()
-        assert host_processes(MARKER), "the first call's process runs meanwhile"
+        assert host_processes(marker), "the first call's process runs meanwhile"
         seen = probed(await forked(executor, peek))
         tasks.cancel_scope.cancel()
     assert seen == {
@@ -204,7 +209,7 @@ async def test_concurrent_calls_cannot_see_each_other(executor: Executor) -> Non
         "sleep": False,
         "terminals": ["ptmx"],
     }
-    await until(lambda: not host_processes(MARKER))
+    await until(lambda: not host_processes(marker))
 
 
 async def test_user_code_is_locked_down(executor: Executor) -> None:
@@ -276,9 +281,10 @@ def pids_cgroup(pid: int) -> tuple[str, str]:
 
 
 async def test_limits_and_kills_hold_per_call(executor: Executor) -> None:
+    marker = own_marker()  # other tests, other workers and other runs on this host use MARKER
     live = Live()
     async with anyio.create_task_group() as tasks:
-        waiting = f"import subprocess, time\nsubprocess.Popen(['sleep', '{MARKER}'])\nprint('up', flush=True)\n"
+        waiting = f"import subprocess, time\nsubprocess.Popen(['sleep', '{marker}'])\nprint('up', flush=True)\n"
         waiting += "time.sleep(60)\n"
 
         async def timed_out() -> None:
@@ -288,12 +294,12 @@ async def test_limits_and_kills_hold_per_call(executor: Executor) -> None:
         tasks.start_soon(timed_out)
         with anyio.fail_after(30):
             await live.wait_for_output()
-        [(pid, uid)] = host_processes(MARKER)
+        [(pid, uid)] = host_processes(marker)
         assert uid == executor.limits.uid
         # On the host: a cgroup of the call's own, not the template's, with the sandbox's limits.
         name, limit = pids_cgroup(pid)
         assert name.startswith("call-") and limit == str(executor.limits.pids)
-    await until(lambda: not host_processes(MARKER))
+    await until(lambda: not host_processes(marker))
 
     flood = await forked(executor, "while True:\n    print('x' * 4096)\n")
     assert flood.truncated and flood.exit_code != 0
