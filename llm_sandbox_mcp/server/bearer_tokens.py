@@ -56,7 +56,7 @@ def _refuse(path: Path, problem: str) -> ConfigError:
     return ConfigError([f"{SETTING} ({path}): {problem}"])
 
 
-def _kubernetes_secret(info: os.stat_result) -> bool:
+def kubelet_secret(info: os.stat_result) -> bool:
     """A Secret a kubelet mounted for a pod with `fsGroup`: root's, readable by the server's own group and no one
     else, written by no one but root (`defaultMode: 0400` becomes 0440 with the pod's group)."""
     if sys.platform == "win32":
@@ -138,7 +138,7 @@ def _read(path: Path) -> tuple[list[_Entry], _Signature]:
         raise _refuse(path, f"cannot be read: {exc.strerror or exc}") from None
     if not stat.S_ISREG(info.st_mode):
         raise _refuse(path, "is not a regular file")
-    if sys.platform != "win32" and info.st_mode & 0o077 and not _kubernetes_secret(info):
+    if sys.platform != "win32" and info.st_mode & 0o077 and not kubelet_secret(info):
         raise _refuse(
             path,
             f"is readable or writable by others than its owner (mode {stat.S_IMODE(info.st_mode):04o}); "

@@ -31,6 +31,7 @@ from mcp.server.auth.provider import AccessToken, TokenVerifier
 from llm_sandbox_mcp.config import PEER_URL_FIELD, Settings
 from llm_sandbox_mcp.errors import ConfigError
 from llm_sandbox_mcp.replica_ids import REPLICA
+from llm_sandbox_mcp.server.bearer_tokens import kubelet_secret
 from llm_sandbox_mcp.server.oauth import OAuthConfig
 
 logger = logging.getLogger(__name__)
@@ -55,13 +56,10 @@ def _refuse(path: Path, problem: str) -> ConfigError:
 
 
 def _private(info: os.stat_result) -> bool:
-    """Readable by its owner only; or, the way a kubelet mounts a Secret for a pod with `fsGroup`, root's and
-    readable by the server's own group only (as for SANDBOX_HTTP_TOKENS_FILE, docs/http.md)."""
+    """Readable by its owner only, or a Secret a kubelet mounted (as for SANDBOX_HTTP_TOKENS_FILE, docs/http.md)."""
     if sys.platform == "win32":
         return True
-    mode = stat.S_IMODE(info.st_mode)
-    mounted_secret = info.st_uid == 0 != os.geteuid() and info.st_gid == os.getegid() and mode & 0o077 == 0o040
-    return not mode & 0o077 or mounted_secret
+    return not stat.S_IMODE(info.st_mode) & 0o077 or kubelet_secret(info)
 
 
 def load_secrets(path: Path) -> tuple[bytes, ...]:
