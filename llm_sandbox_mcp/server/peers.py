@@ -33,6 +33,7 @@ from llm_sandbox_mcp.errors import ConfigError
 from llm_sandbox_mcp.replica_ids import REPLICA
 from llm_sandbox_mcp.server.bearer_tokens import kubelet_secret
 from llm_sandbox_mcp.server.oauth import OAuthConfig
+from llm_sandbox_mcp.server.verifier import vouched
 
 logger = logging.getLogger(__name__)
 
@@ -231,14 +232,5 @@ class PeerVerifier:
         if verified is None:
             return None
         principal, sender = verified
-        oauth = self.oauth
-        # The principal's own token passed the owner's checks at the sender; the scopes and the audience an OAuth
-        # token needed, it had.
-        return PeerAccess(
-            token=token,
-            client_id=principal,
-            subject=principal,
-            scopes=list(oauth.scopes) if oauth else [],
-            resource=oauth.resource if oauth else None,
-            via=sender,
-        )
+        # The principal's own token passed this server's checks at the sender.
+        return PeerAccess(**vouched(token, principal, self.oauth).model_dump(), via=sender)

@@ -17,6 +17,18 @@ from llm_sandbox_mcp.server.jwt_access import JwtVerifier, jwt_header
 from llm_sandbox_mcp.server.oauth import IntrospectionVerifier, OAuthConfig
 
 
+def vouched(token: str, principal: str, oauth: OAuthConfig | None) -> AccessToken:
+    """The access of a principal the server vouches for (a token of its tokens file, or a replica's peer token):
+    whatever an OAuth token would need here (the scopes, this server as its audience), it has."""
+    return AccessToken(
+        token=token,
+        client_id=principal,
+        subject=principal,
+        scopes=list(oauth.scopes) if oauth else [],
+        resource=oauth.resource if oauth else None,
+    )
+
+
 class Verifier:
     def __init__(self, tokens: TokenFile | None, oauth: OAuthConfig | None) -> None:
         self.tokens = tokens
@@ -34,16 +46,7 @@ class Verifier:
         if self.tokens is not None:
             principal = self.tokens.principal_of(token)
             if principal is not None:
-                # The operator's own token: whatever an OAuth token would need (the scopes, this server as its
-                # audience), it has.
-                oauth = self.oauth
-                return AccessToken(
-                    token=token,
-                    client_id=principal,
-                    subject=principal,
-                    scopes=list(oauth.scopes) if oauth else [],
-                    resource=oauth.resource if oauth else None,
-                )
+                return vouched(token, principal, self.oauth)  # the operator's own token
         if self._jwt is not None and jwt_header(token) is not None:
             return await self._jwt.verify_token(token)
         if self._introspection is not None:
