@@ -266,10 +266,10 @@ def wait_forwarded(fds):
         time.sleep(0.001)
 
 
-def drain(fds):
+def drain(fds, wait=0.02):
     """Forward everything already written to the pipes, without waiting for writers that stay alive."""
     while fds:  # select on no descriptors would just sleep its timeout
-        ready, _, _ = select.select(fds, [], [], 0.02)
+        ready, _, _ = select.select(fds, [], [], wait)
         if not ready:
             return
         progressed = False
@@ -290,16 +290,18 @@ def status_of(wait_status):
 
 def fork_program():
     """Fork the process that runs a one-shot request, waiting for the request on a pipe of its own (a zygote
-    child forks it before its call comes). Returns its pid, its stdout and stderr, and the request pipe."""
+    child forks it before its call comes). Returns its pid, its stdout and stderr, the request pipe and the
+    pipe on which it says its exit status before it exits."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     request_r, request_w = os.pipe()
+    status_r, status_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.setsid()
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
-        for fd in (out_r, out_w, err_r, err_w, request_w):
+        for fd in (out_r, out_w, err_r, err_w, request_w, status_r):
             os.close(fd)
         PROTO.close()
         STDIN.close()
@@ -307,10 +309,15 @@ def fork_program():
         with os.fdopen(request_r, "rb") as pipe:
             request = json.loads(pipe.read().decode("utf-8"))
         namespace = fresh_main(request["filename"])
-        os._exit(run_code(request, namespace))
-    for fd in (out_w, err_w, request_r):
+        status = run_code(request, namespace) & 0xFF
+        # Said before the exit: tearing down an address space forked from the preloaded interpreter takes a
+        # millisecond or more, which the call need not wait for (its output is flushed by now).
+        with contextlib.suppress(OSError):
+            os.write(status_w, b"%d\n" % status)
+        os._exit(status)
+    for fd in (out_w, err_w, request_r, status_w):
         os.close(fd)
-    return pid, out_r, err_r, request_w
+    return pid, out_r, err_r, request_w, status_r
 
 
 def reap_orphans(program):
@@ -330,7 +337,7 @@ def reap_orphans(program):
 def run_forked(request, program=None):
     received = time.monotonic()
     before = snapshot()
-    pid, out_r, err_r, request_w = program or fork_program()
+    pid, out_r, err_r, request_w, status_r = program or fork_program()
     try:
         with os.fdopen(request_w, "wb") as pipe:
             pipe.write(json.dumps(request).encode("utf-8"))
@@ -348,22 +355,30 @@ def run_forked(request, program=None):
     exited = []
     with contextlib.suppress(AttributeError, OSError):
         exited.append(os.pidfd_open(pid))
+    said = [status_r]
+    reported = None  # the exit status the program said before its exit, once it did
     wait_status = None
     timed_out = False
-    while wait_status is None:
-        if open_fds or exited:
-            ready, _, _ = select.select(open_fds + exited, [], [], 0.05)
+    while wait_status is None and reported is None:
+        if open_fds or exited or said:
+            ready, _, _ = select.select(open_fds + exited + said, [], [], 0.05)
         else:
             ready = []
             time.sleep(0.005)
         for fd in ready:
             if fd in exited:
                 continue
+            if fd in said:
+                reported = said_status(fd)
+                said.clear()
+                continue
             data = os.read(fd, 65536)
             if data:
                 send(kinds[fd], data)
             else:
                 open_fds.remove(fd)
+        if reported is not None:
+            break
         reap_orphans(pid)
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
@@ -376,18 +391,37 @@ def run_forked(request, program=None):
     ended = time.monotonic()
     for fd in exited:
         os.close(fd)
-    # Background processes may keep the pipes open: take what is there and stop.
-    drain(open_fds)
-    clean = kill_the_rest()
+    os.close(status_r)
+    # Background processes may keep the pipes open: take what is there and stop. A program that said its
+    # status flushed its output before; the pipes stay open only until its exit, which nothing waits for.
+    wait = 0 if reported is not None else 0.02
+    drain(open_fds, wait)
+    clean = kill_the_rest(exiting=pid if reported is not None else None)
     if clean:
-        drain([fd for fd in open_fds if fd in fds])
+        drain([fd for fd in open_fds if fd in fds], wait)
     for fd in fds:
         os.close(fd)
     if clean:
         send_artifacts(before, request["artifact_limit"])
     times = [received, ended, time.monotonic()]  # for the server's stage account (SANDBOX_TRACE_STAGES)
-    done = {"exit": status_of(wait_status), "clean": clean, "timed_out": timed_out, "times": times}
+    code = reported if reported is not None else status_of(wait_status)
+    done = {"exit": code, "clean": clean, "timed_out": timed_out, "times": times}
     send(b"D", json.dumps(done).encode())
+    if reported is not None:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)  # after the answer: a kernel that serves on has no zombie left of it
+
+
+def said_status(fd):
+    """The exit status a program wrote before its exit, or None: it died first (end of file), or the code
+    wrote something else there (it holds the pipe too; a status it makes up only ends its own run sooner)."""
+    try:
+        text = os.read(fd, 16)
+    except OSError:
+        return None
+    if not text.endswith(b"\n") or not text[:-1].isdigit() or int(text[:-1]) > 255:
+        return None
+    return int(text[:-1])
 
 
 def process_info(pid):
@@ -425,14 +459,19 @@ def note_existing():
     INIT_SESSION.append(init[3] if init is not None else None)
 
 
-def kill_the_rest(seconds=3.0):
-    """True once no process of this user is left besides this kernel and what predates it."""
+def kill_the_rest(seconds=3.0, exiting=None):
+    """True once no process of this user is left besides this kernel and what predates it. `exiting`: the
+    program that said its status, now in its exit: killed too (it may have lied), but not waited for."""
     deadline = time.monotonic() + seconds
     me, uid = os.getpid(), os.getuid()
     while True:
         left = 0
         for pid in processes():
             if pid in (me, 1):
+                continue
+            if pid == exiting:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
                 continue
             info = process_info(pid)
             if info is None or info[0] != uid or (pid, info[1]) in BEFORE or info[2] in ("Z", "X"):

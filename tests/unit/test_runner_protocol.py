@@ -94,6 +94,60 @@ async def test_the_python_kernel_keeps_a_one_shot_runs_time_and_still_sends_its_
     assert host.killed == []  # the kernel stopped the program itself (D with "timed_out"): nothing from outside
 
 
+@pytest.mark.parametrize(
+    ("code", "exit_code"),
+    [
+        ("import sys\nsys.exit(256)", 0),  # what a script's exit status is: the low byte
+        ("import sys\nsys.exit(-1)", 255),
+        ("import os\nos._exit(5)", 5),  # says nothing before its exit: its wait status tells
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", 137),
+    ],
+)
+async def test_a_one_shot_programs_exit_status_is_a_scripts(host: HostRunners, code: str, exit_code: int) -> None:
+    kernel = await Kernel.start(host, ref("py"), {}, preload=False)
+    result = await run(kernel, "print('out', flush=True)\n" + code)
+    assert (result.exit_code, result.stdout, result.timed_out) == (exit_code, b"out\n", False)
+
+
+async def test_all_output_comes_back_before_a_program_that_says_its_status_has_exited(host: HostRunners) -> None:
+    kernel = await Kernel.start(host, ref("py"), {}, preload=False)
+    for _ in range(3):
+        code = "import sys\nsys.stdout.write('x' * 300000)\nprint('end', file=sys.stderr)"
+        result = await run(kernel, code, output_limit=1_000_000)
+        assert (result.exit_code, len(result.stdout), result.stderr) == (0, 300000, b"end\n")
+
+
+# The program's status pipe is the one write-only pipe it holds besides its stdout and stderr.
+STATUS_PIPE = """import os
+def status_pipe():
+    for name in os.listdir('/proc/self/fd'):
+        try:
+            fd = int(name)
+            if fd > 2 and os.readlink(f'/proc/self/fd/{fd}').startswith('pipe:'):
+                with open(f'/proc/self/fdinfo/{fd}') as info:
+                    if int(info.read().split('flags:')[1].split()[0], 8) & os.O_WRONLY:
+                        return fd
+        except OSError:
+            pass  # the listing's own descriptor, closed by now
+"""
+
+
+async def test_a_status_the_code_makes_up_only_ends_its_own_run_and_kills_it(host: HostRunners) -> None:
+    kernel = await Kernel.start(host, ref("py"), {}, preload=False)
+    lied = await run(
+        kernel,
+        STATUS_PIPE + "print('before', flush=True)\nos.write(status_pipe(), b'7\\n')\nimport time\ntime.sleep(600)",
+    )
+    assert (lied.exit_code, lied.stdout, lied.timed_out) == (7, b"before\n", False)
+    # What it wrote that is no status is ignored: the status is its exit's.
+    garbage = await run(kernel, STATUS_PIPE + "os.write(status_pipe(), b'no status\\n')\nraise SystemExit(3)")
+    assert garbage.exit_code == 3
+    # The liar was killed: nothing of it is left in the sandbox for the next run to see.
+    left = await run(kernel, "import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")
+    assert left.stdout.decode().count(",") <= 1, left.stdout  # the kernel (PID 1) and this program
+    assert host.killed == []
+
+
 async def test_a_session_keeps_its_state_across_an_interrupted_cell(host: HostRunners) -> None:
     kernel = await Kernel.start(host, ref("py"), {}, preload=False)
     assert (await run(kernel, "x = 41", "inline")).exit_code == 0
