@@ -24,7 +24,15 @@ from docker.context.config import get_current_context_name
 from docker.tls import TLSConfig
 from docker.utils.config import find_config_file
 
-from llm_sandbox_mcp.backends._endpoints import Candidate, absent, docker_sockets, refuses, shown, unix_path
+from llm_sandbox_mcp.backends._endpoints import (
+    ENGINE_CONNECTIONS,
+    Candidate,
+    absent,
+    docker_sockets,
+    refuses,
+    shown,
+    unix_path,
+)
 from llm_sandbox_mcp.errors import BackendUnavailable
 
 API_TIMEOUT = 120
@@ -109,7 +117,10 @@ def find_docker(candidates: Sequence[Candidate], problems: Sequence[str] = ()) -
         client: docker.DockerClient | None = None
         try:
             client = docker.DockerClient(
-                base_url=candidate.url, tls=cast("TLSConfig | bool", candidate.tls or False), timeout=_PROBE_TIMEOUT
+                base_url=candidate.url,
+                tls=cast("TLSConfig | bool", candidate.tls or False),
+                timeout=_PROBE_TIMEOUT,
+                max_pool_size=ENGINE_CONNECTIONS,
             )
             client.ping()
         except Exception as exc:

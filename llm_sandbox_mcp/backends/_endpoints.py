@@ -24,6 +24,10 @@ from urllib.parse import unquote, urlparse
 import tomlkit
 import tomlkit.exceptions
 
+# Connections an engine client keeps: as many as worker threads may call it at once (anyio's default limit),
+# not the SDKs' 10, which under load drop a connection after each call over it ("Connection pool is full").
+ENGINE_CONNECTIONS = 40
+
 
 @dataclass(frozen=True)
 class Candidate:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 import socket
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler
@@ -60,8 +62,10 @@ def docker_context(home: Path, name: str, host: str, current: bool = True) -> No
 
 class _Engine(BaseHTTPRequestHandler):
     podman = False
+    delay = 0.0  # seconds each answer takes, so that calls overlap
 
     def do_GET(self) -> None:
+        time.sleep(self.delay)
         path = self.path.split("?")[0]
         body: Any
         if path.endswith("/_ping"):
@@ -98,7 +102,7 @@ def engine(path: Path, podman: bool = False) -> Generator[None]:
     from socketserver import UnixStreamServer
 
     class Server(ThreadingMixIn, UnixStreamServer):
-        pass  # closing joins the threads that serve connections
+        request_queue_size = 64  # a burst of connections is queued, not refused (closing joins their threads)
 
     path.parent.mkdir(parents=True, exist_ok=True)
     server = Server(str(path), _PodmanEngine if podman else _Engine)
@@ -182,6 +186,34 @@ def test_the_first_engine_that_answers_is_used(home: Path) -> None:
         client.close()
     assert ours[0].source == "Docker Desktop socket ~/.docker/run/docker.sock"
     assert chosen.source == "Colima socket ~/.colima/default/docker.sock"
+
+
+@UNIX_SOCKETS
+@pytest.mark.parametrize("podman", [False, True], ids=["docker", "podman"])
+def test_the_engine_client_keeps_a_connection_for_each_worker_thread(
+    home: Path, podman: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Calls to the engine run in anyio's worker threads (40 at most): with the SDKs' pools of 10, a burst drops
+    the connections over 10 as each call ends, with a warning each time."""
+    caplog.set_level(logging.WARNING, logger="urllib3.connectionpool")
+    monkeypatch.setattr(_Engine, "delay", 0.3)
+    sock = home / "engine.sock"
+    with engine(sock, podman=podman):
+        candidate = Candidate(f"unix://{sock}", "a test engine")
+        client: Any = find_podman([candidate])[0] if podman else find_docker([candidate])[0]
+        barrier = threading.Barrier(24)
+
+        def call() -> None:
+            barrier.wait()
+            client.version()
+
+        threads = [threading.Thread(target=call) for _ in range(24)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        client.close()
+    assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
 
 
 @UNIX_SOCKETS
