@@ -1,7 +1,7 @@
 """docs/benchmarks.md, made from the result files the benchmarks write (benchmarks/measured/, see result_files.py).
 
-    python benchmarks/render.py           # rewrite docs/benchmarks.md
-    python benchmarks/render.py --check   # exit 1 when the page is not what the result files make
+    python benchmarks/render.py           # rewrite docs/benchmarks.md and the README's speed table
+    python benchmarks/render.py --check   # exit 1 when either is not what the result files make
 
 Only current numbers: per benchmark and backend, files are read newest first, and a row (a scenario, a
 language, a measure) is shown from the newest file that has it; an older run keeps only the rows no newer run
@@ -17,11 +17,14 @@ import json
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
+
+from readme_speed import replace_section, speed_table
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "measured"
 PAGE = ROOT / "docs" / "benchmarks.md"
+README = ROOT / "README.md"
 
 Row = list[str]
 Json = dict[str, Any]
@@ -52,13 +55,17 @@ SECTIONS: dict[str, tuple[str, str]] = {
     "table": (
         "Latency, throughput, start-up and shutdown (`benchmarks/table.py`)",
         "Each language's hello world paced and back to back, `zygote:` rows with `SANDBOX_ZYGOTE=true` beside "
-        "a server without it, 16 calls with 8 in flight, and the server's start to `tools/list` and shutdown.",
+        "a server without it, 16 calls with 8 in flight (the median of five bursts, then again beside CPU hogs "
+        "on every core but one), and the server's start to `tools/list` and shutdown.",
     ),
     "stages": (
         "Where a call's time goes (`benchmarks/stages.py`)",
         "Back-to-back `print(1)` on each engine with `SANDBOX_TRACE_STAGES=true`: each stage's mean in ms as the "
         "server accounts for it (from the request reaching its code to the answer ready for the wire), what is "
-        "outside that account (the client, the pipes, JSON-RPC in and out), and the floors of the same run.",
+        "outside that account (the client, the pipes, JSON-RPC in and out), and the floors of the same run. "
+        "Then the CPU each call costs on all cores (`benchmarks/cpu_time.py`): the server process's, the client's "
+        "and the rest (the sandboxes' processes, the engine, the kernel's work for them), over a series of calls "
+        "of its own; back to back and in parallel, the cores divided by it bound the calls per second.",
     ),
     "http": (
         "Over HTTP against stdio (`benchmarks/http_vs_stdio.py`)",
@@ -123,6 +130,10 @@ def _dict(value: object) -> Json:
     return cast("Json", value) if isinstance(value, dict) else {}
 
 
+def _is_number(value: object) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _ms(value: object) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return "—"
@@ -145,8 +156,13 @@ def _table_rows(report: Json) -> tuple[Row, list[Row]]:
         else:
             rows.append([name, _pair(_dict(numbers.get("paced"))), _pair(_dict(numbers.get("back_to_back")))])
     for prefix, source in (("", report), ("zygote: ", zygote)):
-        if source.get("calls_per_s_16_calls_8_in_flight") is not None:
-            rows.append([f"{prefix}16 calls, 8 in flight", f"{source['calls_per_s_16_calls_8_in_flight']} calls/s", ""])
+        for key, what in (("", ""), ("_beside_hogs", f", beside {source.get('cpu_hogs')} CPU hog(s)")):
+            rate = source.get(f"calls_per_s_16_calls_8_in_flight{key}")
+            if rate is not None:
+                listed = cast("list[object]", source.get(f"rounds_calls_per_s{key}") or [])
+                rounds = [r for r in listed if _is_number(r)]
+                spread = f" (median of {len(rounds)}: {min(rounds)}–{max(rounds)})" if rounds else ""
+                rows.append([f"{prefix}16 calls, 8 in flight{what}", f"{rate} calls/s{spread}", ""])
     for key, name in (
         ("start_to_tools_list_ms", "server start to `tools/list`"),
         ("shutdown_ms", "shutdown right after `tools/list`"),
@@ -278,6 +294,29 @@ def stages_rows(report: Json) -> tuple[Row, list[Row]]:
             *(f"{_ms(idle[n].get('mean_ms'))} ({_ms(idle[n].get('server_mean_ms'))})" for n in names),
         ],
     ]
+    cpu = {name: _dict(_dict(engines[name]).get("cpu_per_call_ms")) for name in names}
+    if any(cpu.values()):
+
+        def spent(numbers: Json) -> str:
+            if not numbers:
+                return "—"
+            parts = (numbers.get(key) for key in ("server_ms", "client_ms", "sandboxes_engine_kernel_ms"))
+            return f"{_ms(numbers.get('total_ms'))} = " + " + ".join(_ms(part) for part in parts)
+
+        rows += [
+            [
+                "CPU per print(1), every core: all = the server + the client + the sandboxes, engine and kernel",
+                *(spent(_dict(cpu[n].get("print(1)"))) for n in names),
+            ],
+            [
+                "· the calls per second that CPU allows on this machine's cores",
+                *(_ms(_dict(cpu[n].get("print(1)")).get("ceiling_calls_per_s")) for n in names),
+            ],
+            [
+                "CPU per call of the tool that does nothing, the same way",
+                *(spent(_dict(cpu[n].get("a tool that does nothing"))) for n in names),
+            ],
+        ]
     for name in names:
         failed = _dict(engines[name]).get("failed")
         if failed is not None:
@@ -428,14 +467,24 @@ def render(results: list[Json]) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def readme(results: list[Json]) -> str:
+    """README.md with its speed table made anew from the result files."""
+    return replace_section(README.read_text(encoding="utf-8"), speed_table(results, _machine))
+
+
 def main(argv: list[str]) -> int:
-    page = render(load())
+    results = load()
+    page, front = render(results), readme(results)
     if argv[1:] == ["--check"]:
-        if PAGE.read_text(encoding="utf-8") != page:
-            sys.stderr.write("docs/benchmarks.md is out of date: run python benchmarks/render.py\n")
+        stale = [
+            path.name for path, text in ((PAGE, page), (README, front)) if path.read_text(encoding="utf-8") != text
+        ]
+        if stale:
+            sys.stderr.write(f"{' and '.join(stale)} out of date: run python benchmarks/render.py\n")
             return 1
         return 0
     PAGE.write_text(page, encoding="utf-8")
+    README.write_text(front, encoding="utf-8")
     return 0
 
 

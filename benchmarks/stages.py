@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import anyio
+import cpu_time
 from mcp import Client
 from mcp.client.stdio import stdio_client
 from render import _table as render_table  # pyright: ignore[reportPrivateUsage]
@@ -117,15 +118,34 @@ async def engine(name: str, runs: int, warmup: int) -> dict[str, Any]:
             calls = [await _timed(call) for _ in range(runs)]
             listings = [await _timed(client.list_tools) for _ in range(runs)]
             idle = [await _timed(nothing) for _ in range(runs)]
+            cpu = await cpu_per_call(runs, call, nothing)
         errlog.seek(0)
         accounts = parse_accounts(errlog.read())
-    executed = [a for a in accounts if a.get("tool") == "execute_code"][warmup:]
-    listed = [a for a in accounts if a.get("tool") == "list_sessions"]
+    executed = [a for a in accounts if a.get("tool") == "execute_code"][warmup : warmup + runs]
+    listed = [a for a in accounts if a.get("tool") == "list_sessions"][:runs]
     return {
         "print(1) back to back": owners(calls, executed),
         "floor: tools/list round trip": {"p50_ms": round(statistics.median(listings), 2)},
         "floor: list_sessions (a tool that does nothing)": owners(idle, listed),
+        "cpu_per_call_ms": cpu,
     }
+
+
+async def cpu_per_call(runs: int, call: Any, nothing: Any) -> dict[str, Any]:
+    """CPU per back-to-back print(1) and per call of the tool that does nothing, by whose it is (cpu_time.py),
+    each over a series of its own after the timed ones."""
+    pid = cpu_time.child_named("llm-sandbox-mcp")
+    if pid is None:
+        return {}
+    found: dict[str, Any] = {}
+    for name, action in (("print(1)", call), ("a tool that does nothing", nothing)):
+
+        async def series(action: Any = action) -> None:
+            for _ in range(runs):
+                await action()
+
+        found[name] = (await cpu_time.account(pid, runs, series)).as_dict(os.cpu_count() or 1)
+    return found
 
 
 async def measure(engines: list[str], runs: int, warmup: int) -> dict[str, Any]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -24,6 +26,8 @@ RESULTS = ROOT / "benchmarks" / "measured"
 
 
 def _renderer() -> ModuleType:
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.append(str(ROOT / "benchmarks"))  # its sibling modules, as when it runs as a script
     spec = importlib.util.spec_from_file_location("render_benchmarks", ROOT / "benchmarks" / "render.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -42,6 +46,83 @@ def test_the_page_is_what_the_result_files_make() -> None:
     assert (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8") == expected, (
         "docs/benchmarks.md is out of date: run python benchmarks/render.py"
     )
+
+
+def test_the_readme_quotes_the_result_files_through_its_generated_speed_table() -> None:
+    render = _renderer()
+    assert (ROOT / "README.md").read_text(encoding="utf-8") == render.readme(render.load(RESULTS)), (
+        "README.md's speed table is out of date: run python benchmarks/render.py"
+    )
+
+
+def test_the_speed_table_takes_each_engines_newest_full_run_and_says_by_how_much_a_target_is_missed() -> None:
+    render = _renderer()
+
+    def table(date: str, backend: str, print_ms: float, rate: float) -> dict[str, Any]:
+        report = {
+            "scenarios": {"python print(1)": {"back_to_back": {"p50_ms": print_ms}}},
+            "calls_per_s_16_calls_8_in_flight": rate,
+            "load_average_at_start": [1.5],
+            "load_average_at_end": [2.5],
+        }
+        return _result(date, report, backend)
+
+    results = [
+        table("2026-01-01T00:00:00Z", "bubblewrap", 30, 50),
+        table("2026-02-01T00:00:00Z", "bubblewrap", 16, 150),  # the newest full run: its numbers
+        {**table("2026-03-01T00:00:00Z", "bubblewrap", 5, 500), "short": True},  # never a short one
+        table("2026-02-01T00:00:00Z", "docker", 11, 30),
+    ]
+    section = render.speed_table(results, render._machine)  # pyright: ignore[reportPrivateUsage]
+    row = next(line for line in section.splitlines() if line.startswith("| `print(1)`"))
+    assert row == "| `print(1)`, back to back, p50 | 16 ms ✗ (2.0× off) | 11 ms | — | — | ≤ 8 / 12 / 12 / 15 ms |"
+    row = next(line for line in section.splitlines() if line.startswith("| 16 calls, 8 in flight |"))
+    assert "| 150 calls/s | 30 calls/s ✗ (2.0× off) |" in row
+    assert "2026-01-01" not in section and "2026-03-01" not in section
+    assert "load average 1.5 to 2.5" in section and "Test CPU, 2 cores" in section
+    with pytest.raises(ValueError, match="markers"):
+        render.replace_section("# A README without the markers\n", section)
+
+
+def test_cpu_time_is_accounted_to_the_server_and_the_client_by_their_own_clocks() -> None:
+    """The machine-wide total depends on what else runs (other test workers here), so only the two processes'
+    own CPU time is checked: the "server" spins 0.4 s of CPU during the calls, the client 0.2 s."""
+    import anyio
+    import anyio.to_thread
+
+    spec = importlib.util.spec_from_file_location("cpu_time_benchmark", ROOT / "benchmarks" / "cpu_time.py")
+    assert spec is not None and spec.loader is not None
+    cpu_time: Any = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = cpu_time  # its dataclass looks its module up there
+    spec.loader.exec_module(cpu_time)
+    spin = "import sys, time\nsys.stdin.readline()\nend = time.process_time() + 0.4\n"
+    spin += "while time.process_time() < end: pass"
+    server = subprocess.Popen(
+        [sys.executable, "-c", spin + "\nprint('spun', flush=True)\nsys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert server.stdin is not None and server.stdout is not None
+    stdin, stdout = server.stdin, server.stdout
+
+    async def calls() -> None:
+        stdin.write("go\n")
+        stdin.flush()
+        end = time.process_time() + 0.2
+        while time.process_time() < end:
+            pass
+        assert await anyio.to_thread.run_sync(stdout.readline) == "spun\n"
+
+    try:
+        account: Any = anyio.run(cpu_time.account, server.pid, 10, calls)
+    finally:
+        server.kill()
+        server.wait()
+        stdin.close()
+        stdout.close()
+    assert account.calls == 10
+    assert 38 <= account.server_ms <= 60  # 0.4 s over 10 calls (clock ticks of 10 ms)
+    assert 18 <= account.client_ms <= 40  # 0.2 s over 10 calls, and the client's own bookkeeping
+    assert account.as_dict(2)["ceiling_calls_per_s"] == round(2000 / max(account.total_ms, 0.01), 1)
 
 
 def test_every_result_file_names_its_machine_date_and_benchmark() -> None:
