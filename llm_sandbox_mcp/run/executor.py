@@ -239,7 +239,7 @@ class Executor:
             stages.mark("the sandbox's spec (image, libraries)")
             for cached in (True, False):
                 live.phase = "starting the sandbox"
-                loan = await self._sources.lend(program.language, spec)
+                loan = await self._sources.lend(program.language, spec, program.source)
                 stages.mark("acquire a sandbox")
                 execution: Execution | None = None
                 try:

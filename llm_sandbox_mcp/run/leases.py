@@ -79,8 +79,9 @@ class SandboxSource(Protocol):
         """Have sandboxes of this kind ready before calls come (in the background)."""
         ...
 
-    async def lend(self, language: Language, spec: SandboxSpec) -> Loan | None:
-        """A sandbox for one call, or None when this source cannot serve it here (the pool then does)."""
+    async def lend(self, language: Language, spec: SandboxSpec, code: bytes = b"") -> Loan | None:
+        """A sandbox for one call, or None when this source cannot serve it here (the pool then does). `code`:
+        the call's source, which a source may read to choose among the sandboxes it has (`zygote.preloads`)."""
         ...
 
 
@@ -105,10 +106,10 @@ class Sources:
         else:
             self._pool.warm(WarmKey(language.name, spec))
 
-    async def lend(self, language: Language, spec: SandboxSpec) -> Loan:
+    async def lend(self, language: Language, spec: SandboxSpec, code: bytes = b"") -> Loan:
         forking = self._zygote.source(language, spec)
         if forking is not None:
-            loan = await forking.lend(language, spec)
+            loan = await forking.lend(language, spec, code)
             if loan is not None:
                 return loan
         return await pooled(self._pool, language, spec)

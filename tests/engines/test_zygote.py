@@ -126,6 +126,23 @@ async def test_a_forked_call_runs_through_the_executors_one_run(executor: Execut
     assert lease.ref in [template.ref for template in templates.values()]
 
 
+async def test_code_that_names_numpy_or_matplotlib_forks_from_the_preloaded_template_any_other_from_the_lean(
+    executor: Executor,
+) -> None:
+    # Module names spelt in pieces, so that this code names neither: the lean template's child has not loaded them.
+    loaded = "import sys\nprint(sorted({m.split('.')[0] for m in sys.modules} & {'num' + 'py', 'mat' + 'plotlib'}))\n"
+    assert (await forked(executor, loaded)).stdout == "[]\n"
+    # Naming one sends the call to the preloaded template: pyplot is there before the code imports anything.
+    assert (await forked(executor, "import numpy as np\n" + loaded)).stdout == "['matplotlib', 'numpy']\n"
+    # Either runs any code: a plot whose import the choice misses still comes back, imported by the code itself.
+    plot = "p = __import__('mat' + 'plotlib.pyplot', fromlist=['plot'])\np.plot([1, 3, 2])\np.show()\n"
+    result = await forked(executor, plot)
+    assert result.exit_code == 0, result.stderr
+    assert [(artifact.data or b"")[:8] for artifact in result.artifacts] == [b"\x89PNG\r\n\x1a\n"]
+    kinds = executor.zygote.templates._templates  # pyright: ignore[reportPrivateUsage]
+    assert sorted(preloaded for _, preloaded in kinds) == [False, True]
+
+
 async def test_each_call_starts_clean(executor: Executor) -> None:
     marker = own_marker()  # other tests, other workers and other runs on this host use MARKER
     leave = textwrap.dedent(f"""
@@ -350,7 +367,8 @@ async def test_children_kept_ready_under_load_go_back_to_the_pool_size_when_idle
         async with anyio.create_task_group() as calls:
             for _ in range(4):  # one finds the child forked ahead, the others none: more are kept ready
                 calls.start_soon(forked, executor, "import time\ntime.sleep(1)\n")
-        [template] = executor.zygote.templates._templates.values()  # pyright: ignore[reportPrivateUsage]
+        templates = executor.zygote.templates._templates.values()  # pyright: ignore[reportPrivateUsage]
+        [template] = [template for template in templates if not template.preloaded]
         assert template.ahead > 1
         with anyio.fail_after(30):
             while template.ahead > 1 or len(template.ready) > 1:  # noqa: ASYNC110

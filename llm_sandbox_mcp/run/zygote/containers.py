@@ -107,8 +107,9 @@ class ContainerTemplates:
     def warm(self, language: Language, spec: SandboxSpec) -> None:
         self._pool.warm(WarmKey(language.name, replace(spec, forks=True)))
 
-    async def lend(self, language: Language, spec: SandboxSpec) -> Loan | None:
-        """A template container for one call, or None (the call then takes the pool; it never fails for this)."""
+    async def lend(self, language: Language, spec: SandboxSpec, code: bytes = b"") -> Loan | None:
+        """A template container for one call, or None (the call then takes the pool; it never fails for this).
+        Every template container has numpy and matplotlib preloaded, whatever `code` imports."""
         key = WarmKey(language.name, replace(spec, forks=True))
         stages.note("source", "a zygote template container")
         try:

@@ -1,8 +1,10 @@
 """The zygote's template flavour (a `TemplateHost`: bubblewrap, NsJail): fresh Python sandboxes at the cost of a
 fork.
 
-A *template* per sandbox kind (image, limits, libraries) is one bubblewrap or NsJail sandbox whose Python process
-(the zygote, runners/python_zygote.py) has paid the interpreter start and the kernel's imports. Per call the server
+A *template* is one bubblewrap or NsJail sandbox whose Python process (the zygote, runners/python_zygote.py) has
+paid the interpreter start and the kernel's imports; each sandbox kind (image, limits, libraries) has two, one
+with numpy and matplotlib preloaded and a lean one, and a call is forked from the one its code suits
+(`preloads`: a fork of the lean one costs half the CPU). Per call the server
 hands it one end of a fresh socket pair; it forks a child that makes a sandbox of its own inside the
 template's (new namespaces, fresh tmpfs /workspace, /tmp and /dev/shm), says hello on that socket, and
 waits. The kernel attaches the child's host pid to the hello (SCM_CREDENTIALS, which the child cannot
@@ -44,11 +46,12 @@ from llm_sandbox_mcp.run.kernel import Kernel, encode_frame
 from llm_sandbox_mcp.run.leases import Lease, Loan
 from llm_sandbox_mcp.run.pool import IDLE_SECONDS
 from llm_sandbox_mcp.run.zygote.policy import Flavour, ZygotePolicy, isolation_config
+from llm_sandbox_mcp.run.zygote.preloads import wants_preloaded
 
 logger = logging.getLogger(__name__)
 
 _HELLO_SECONDS = 10.0
-_MAX_TEMPLATES = 4
+_MAX_TEMPLATES = 6  # three sandbox kinds' two templates each
 _CREDENTIALS = struct.Struct("iII")  # struct ucred: pid, uid, gid
 _MAX_HELLO = 4096
 
@@ -154,6 +157,8 @@ class Template:
     kernel: Kernel
     control: socket.socket
     charged: int
+    # numpy and matplotlib loaded before any child is forked (`preloads`: the kind's other template has not).
+    preloaded: bool = True
     # Children forked ahead (pristine copies of the template, none has run anything), taken one per call.
     ready: list[Child] = field(default_factory=lambda: list[Child]())
     forking: int = 0
@@ -181,8 +186,9 @@ class ZygoteTemplates(TaskOwner):
         self._policy = policy
         # Like the pool's: how many sandboxes of a kind are ready before a call needs one.
         self._ahead = settings.sandbox_pool_size
-        self._templates: dict[SandboxSpec, Template] = {}
-        self._locks: dict[SandboxSpec, anyio.Lock] = {}
+        # Two per sandbox kind at most: with numpy and matplotlib preloaded and without (`preloads`).
+        self._templates: dict[tuple[SandboxSpec, bool], Template] = {}
+        self._locks: dict[tuple[SandboxSpec, bool], anyio.Lock] = {}
         # After this long without a call, a template that keeps more children ready than it started with
         # goes back to SANDBOX_POOL_SIZE, as the pool does.
         self.idle = IDLE_SECONDS
@@ -212,14 +218,16 @@ class ZygoteTemplates(TaskOwner):
 
     def warm(self, language: Language, spec: SandboxSpec) -> None:
         if self._host is not None and self._tasks is not None:
-            self._tasks.start_soon(self._template, language, spec)
+            for preloaded in (False, True):
+                self._tasks.start_soon(self._template, language, spec, preloaded)
 
-    async def lend(self, language: Language, spec: SandboxSpec) -> Loan | None:
-        """A fresh child of the kind's template, in its own cgroup and waiting for its one request, lent as a
-        lease on the template's sandbox; None when no template can give one (the call then takes the pool)."""
+    async def lend(self, language: Language, spec: SandboxSpec, code: bytes = b"") -> Loan | None:
+        """A fresh child of the kind's template that suits `code` (`preloads`), in its own cgroup and waiting
+        for its one request, lent as a lease on the template's sandbox; None when no template can give one (the
+        call then takes the pool)."""
         if self._host is None:
             return None
-        template = await self._template(language, spec)
+        template = await self._template(language, spec, wants_preloaded(code))
         if template is None:
             return None
         charge = 0
@@ -295,10 +303,11 @@ class ZygoteTemplates(TaskOwner):
             await self._close(child)
         return None
 
-    async def _template(self, language: Language, spec: SandboxSpec) -> Template | None:
-        lock = self._locks.setdefault(spec, anyio.Lock())
+    async def _template(self, language: Language, spec: SandboxSpec, preloaded: bool = True) -> Template | None:
+        kind = (spec, preloaded)
+        lock = self._locks.setdefault(kind, anyio.Lock())
         async with lock:
-            template = self._templates.get(spec)
+            template = self._templates.get(kind)
             if template is not None and template.kernel.alive:
                 return template
             if template is not None:
@@ -306,17 +315,17 @@ class ZygoteTemplates(TaskOwner):
             if spec in self._policy.unavailable:
                 return None
             try:
-                template = await self._start(language, spec)
+                template = await self._start(language, spec, preloaded)
             except SandboxError as exc:
                 self._policy.mark(spec, f"its template did not start: {exc}")
                 return None
-            self._templates[spec] = template
+            self._templates[kind] = template
             while len(self._templates) > _MAX_TEMPLATES:
                 await self._drop(next(iter(self._templates.values())))
             self._refill(template)
             return template
 
-    async def _start(self, language: Language, spec: SandboxSpec) -> Template:
+    async def _start(self, language: Language, spec: SandboxSpec, preloaded: bool) -> Template:
         assert self._host is not None
         charge = self._budget.reserve(spec.limits.memory_bytes, "a Python template")
         ref: SandboxRef | None = None
@@ -341,7 +350,7 @@ class ZygoteTemplates(TaskOwner):
                 "python3", "-c", runner_source("python_zygote.py"), runner_source("python_kernel.py"),
                 runner_source("python_isolation.py"), json.dumps(config),
             ]  # fmt: skip
-            env = {**run_env(language, spec), "LLM_SANDBOX_PRELOAD": "1"}
+            env = {**run_env(language, spec), "LLM_SANDBOX_PRELOAD": "1" if preloaded else "0"}
             # Children alive at once: as many running as calls may run, as many again waiting ahead, in the making.
             calls = 2 * self._settings.sandbox_max_concurrency + 2
             process = await self._host.start_template(ref, argv, env, theirs.fileno(), calls)
@@ -356,7 +365,7 @@ class ZygoteTemplates(TaskOwner):
         finally:
             theirs.close()
         control.setblocking(False)
-        return Template(spec, ref, kernel, control, charge, ahead=self._ahead)
+        return Template(spec, ref, kernel, control, charge, preloaded=preloaded, ahead=self._ahead)
 
     async def _fork(self, template: Template) -> Child:
         """A new child of `template`, ready for its request. Raises ChildUnavailable."""
@@ -465,8 +474,8 @@ class ZygoteTemplates(TaskOwner):
         await self._drop(template)
 
     async def _drop(self, template: Template) -> None:
-        if self._templates.get(template.spec) is template:
-            del self._templates[template.spec]
+        if self._templates.get((template.spec, template.preloaded)) is template:
+            del self._templates[(template.spec, template.preloaded)]
         await self._remove(template)
 
     async def _remove(self, template: Template) -> None:
