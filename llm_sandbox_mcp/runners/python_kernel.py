@@ -9,7 +9,9 @@
 # in a child that made a sandbox of its own first, whose "H" (one per call, before its request) says it is
 # ready and that every process of the call before it is gone.
 # "fork" runs the code in a forked child: a fresh process with the exit status, crashes and os._exit of a
-# real script; a one-shot run, so once the child has exited every other process of the sandbox user that did
+# real script (which says its status on a pipe of its own before it exits, so nothing waits for the exit itself:
+# it is then killed with the rest, not waited for); a one-shot run, so once the child has exited every other
+# process of the sandbox user that did
 # not exist when the kernel started is killed before the output files are read ("clean": false in D when that
 # could not be achieved, with no files: the server then kills and collects from outside); a "timeout" in the
 # request (seconds) is enforced here, the program and all it started killed at it ("timed_out" in D), so its
