@@ -156,6 +156,12 @@ class Pool(Generic[K, T]):
 
     async def _fill(self, key: K) -> None:
         try:
+            await self._fill_one(key)
+        finally:
+            self._arrived(key)  # made or not, a call waiting for it looks again
+
+    async def _fill_one(self, key: K) -> None:
+        try:
             item = await self._make(key, True)
         except SandboxError as exc:
             logger.warning("Could not prepare a sandbox ahead of time: %s", exc)
@@ -188,10 +194,16 @@ class Pool(Generic[K, T]):
         its key)."""
         item, made = self._take(key)
         waited = False
-        while item is None and self._returning.get(key):
+        if item is None and self._lent.get(key):
+            # Items of this key are out and come back when their calls end (a template container serves a
+            # call in milliseconds, and takes seconds to make): more are made in the background, and the call
+            # takes the first ready, made or back, rather than waiting for one made on its own path.
+            self._grow(key)
+            self.warm(key)
+        while item is None and (self._returning.get(key) or (self._lent.get(key) and self._making.get(key))):
             # An item on its way back is ready sooner than a new one; more of them would have spared the wait.
             waited = True
-            await self._back.setdefault(key, anyio.Event()).wait()
+            await self._arrival(key).wait()
             item, made = self._take(key)
         items = self._ready.get(key) or []
         self._used[key] = time.monotonic()
@@ -214,6 +226,13 @@ class Pool(Generic[K, T]):
         if lend:
             self._made[id(item)] = made
         return item
+
+    def _arrival(self, key: K) -> anyio.Event:
+        """Set when an item of `key` may have become ready (taken back, made, or given up on)."""
+        return self._back.setdefault(key, anyio.Event())
+
+    def _arrived(self, key: K) -> None:
+        self._back.pop(key, anyio.Event()).set()
 
     def _take(self, key: K) -> tuple[T | None, float]:
         items = self._ready.get(key) or []
@@ -254,7 +273,7 @@ class Pool(Generic[K, T]):
             self._returning[key] -= 1
             if not self._returning[key]:
                 del self._returning[key]
-            self._back.pop(key, anyio.Event()).set()
+            self._arrived(key)
         items = self._ready.get(key)
         fresh = time.monotonic() - made <= self._max_age
         if (

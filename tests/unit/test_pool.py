@@ -122,3 +122,60 @@ async def test_dropped_keys_lose_their_ready_items_and_a_lent_one_is_not_kept_or
         await wait_all_tasks_blocked()
         assert "base" not in pool.sizes() and pool.sizes()["other"] == (1, 0, 1)
         assert lent in maker.disposed and len(maker.made) == 2  # nothing made again for the dropped key
+
+
+class GatedMaker(Maker):
+    """As Maker, but each item made ahead waits for `gate` (a template container takes seconds to start)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = anyio.Event()
+
+    async def make(self, key: str, ahead: bool) -> int:
+        if len(self.made) > 0:
+            await self.gate.wait()
+        return await super().make(key, ahead)
+
+
+async def test_a_call_that_finds_none_ready_while_items_are_lent_takes_the_first_back_or_made() -> None:
+    async def ready(item: int) -> bool:
+        return True
+
+    maker = GatedMaker()
+    async with Pool(maker.make, maker.dispose, size=1, max_size=4) as pool:
+        pool.warm("python")
+        await wait_all_tasks_blocked()
+        lent = await pool.acquire("python", lend=True)
+        got: list[int] = []
+        async with anyio.create_task_group() as tasks:
+
+            async def call() -> None:
+                got.append(await pool.acquire("python", lend=True))
+
+            tasks.start_soon(call)
+            await wait_all_tasks_blocked()
+            # It waits, and more are being made in the background (not on its own path: made stays [0]).
+            assert got == [] and maker.made == [0] and pool.sizes()["python"][1] >= 1
+            await pool.recycle("python", lent, ready)  # the lent one comes back first: the call takes it
+        assert got == [lent]
+        maker.gate.set()
+        await wait_all_tasks_blocked()
+        assert pool.sizes()["python"][0] >= 1  # what was made meanwhile is ready for the next call
+
+    # A lent item that never comes back (its call ended badly: disposed of) leaves the call the made one.
+    maker = GatedMaker()
+    async with Pool(maker.make, maker.dispose, size=1, max_size=4) as pool:
+        pool.warm("python")
+        await wait_all_tasks_blocked()
+        lent = await pool.acquire("python", lend=True)
+        got = []
+        async with anyio.create_task_group() as tasks:
+
+            async def other_call() -> None:
+                got.append(await pool.acquire("python", lend=True))
+
+            tasks.start_soon(other_call)
+            await wait_all_tasks_blocked()
+            await pool.release(lent, "python")
+            maker.gate.set()
+        assert len(got) == 1 and got[0] != lent and lent in maker.disposed
