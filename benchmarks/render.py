@@ -55,8 +55,9 @@ SECTIONS: dict[str, tuple[str, str]] = {
     "table": (
         "Latency, throughput, start-up and shutdown (`benchmarks/table.py`)",
         "Each language's hello world paced and back to back, `zygote:` rows with `SANDBOX_ZYGOTE=true` beside "
-        "a server without it, 16 calls with 8 in flight (the median of five bursts, then again beside CPU hogs "
-        "on every core but one), and the server's start to `tools/list` and shutdown.",
+        "a server without it, 16 calls with 8 in flight (once the machine is idle again, the median of five "
+        "bursts, then again beside CPU hogs on every core but one), and the server's start to `tools/list` and "
+        "shutdown.",
     ),
     "stages": (
         "Where a call's time goes (`benchmarks/stages.py`)",
