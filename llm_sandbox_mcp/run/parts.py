@@ -64,6 +64,9 @@ def assemble(settings: Settings, backend: Backend, switched: Callable[[str, str]
         # Under load a key keeps up to one ready sandbox per call that may run at once.
         max_size=settings.sandbox_max_concurrency,
         can_grow=leases.room_to_grow,
+        # Python's template containers (SANDBOX_ZYGOTE on Docker and Podman) take seconds to start and serve the
+        # calls made most: other languages' sandboxes never push them out. Those of a library set may go.
+        pinned=lambda key: key.spec.forks and key.spec.cache is None,
     )
     zygote = Zygote(
         policy, ZygoteTemplates(settings, backend, budget, policy), ContainerTemplates(pool, kernels, policy)

@@ -34,7 +34,7 @@ T = TypeVar("T")
 
 
 class Pool(Generic[K, T]):
-    """At most `size` ready items per key, for the `max_keys` most recently used keys.
+    """At most `size` ready items per key, for the `max_keys` most recently used keys and every `pinned` one.
 
     `make(key, ahead)` builds an item; `ahead` is True when it is made for the pool rather than for a waiting
     caller, so it may spend longer getting ready (e.g. pre-importing libraries).
@@ -50,6 +50,7 @@ class Pool(Generic[K, T]):
         max_size: int | None = None,
         can_grow: Callable[[K], bool] = lambda key: True,
         idle: float = IDLE_SECONDS,
+        pinned: Callable[[K], bool] = lambda key: False,
     ) -> None:
         self._make = make
         self._dispose = dispose
@@ -61,6 +62,8 @@ class Pool(Generic[K, T]):
         self._target: dict[K, int] = {}
         self._used: dict[K, float] = {}
         self._max_keys = max_keys
+        # Keys never evicted for others, nor counted against `max_keys` (slow to make, and used most).
+        self._pinned = pinned
         # An item older than this is not handed out: an engine may have ended it meanwhile (a pod's deadline).
         self._max_age = max_age
         self._ready: OrderedDict[K, list[tuple[float, T]]] = OrderedDict()
@@ -181,8 +184,12 @@ class Pool(Generic[K, T]):
         self._ready[key].append((time.monotonic(), item))
 
     def _evict(self) -> None:
-        while len(self._ready) > self._max_keys:
-            key, items = self._ready.popitem(last=False)
+        while True:
+            unpinned = [key for key in self._ready if not self._pinned(key)]
+            if len(unpinned) <= self._max_keys:
+                return
+            key = unpinned[0]  # the least recently used
+            items = self._ready.pop(key)
             self._target.pop(key, None)
             self._used.pop(key, None)
             for _, item in items:

@@ -179,3 +179,15 @@ async def test_a_call_that_finds_none_ready_while_items_are_lent_takes_the_first
             await pool.release(lent, "python")
             maker.gate.set()
         assert len(got) == 1 and got[0] != lent and lent in maker.disposed
+
+
+async def test_the_least_recently_used_key_goes_past_max_keys_but_never_a_pinned_one() -> None:
+    maker = Maker()
+    async with Pool(maker.make, maker.dispose, size=1, max_keys=2, pinned=lambda key: key == "template") as pool:
+        for key in ("template", "ruby", "go", "java"):
+            pool.warm(key)
+            await wait_all_tasks_blocked()
+        # Two keys kept besides the pinned one: ruby, used least recently, went with its item.
+        assert set(pool.sizes()) == {"template", "go", "java"}
+        assert maker.disposed == [1]  # ruby's item (items are numbered as made: template 0, ruby 1, ...)
+        assert await pool.acquire("template") == 0
