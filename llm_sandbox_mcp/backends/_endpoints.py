@@ -24,8 +24,10 @@ from urllib.parse import unquote, urlparse
 import tomlkit
 import tomlkit.exceptions
 
-# Connections an engine client keeps: as many as worker threads may call it at once (anyio's default limit),
-# not the SDKs' 10, which under load drop a connection after each call over it ("Connection pool is full").
+# Connections the Docker client keeps: as many as worker threads may call it at once (anyio's default limit),
+# not the SDK's 10, which under load drops a connection after each call over it ("Connection pool is full").
+# Podman's client keeps its 10: a run with 40 met an unexplained empty answer from Podman 4.3 once, not yet
+# tied to the pool or ruled out.
 ENGINE_CONNECTIONS = 40
 
 

@@ -374,11 +374,8 @@ class PodmanEngine:
 
     def _kill_all(self, container_id: str) -> None:
         """Every process but PID 1 killed from outside (see `_container.INIT`); failing that, the sandbox removed."""
-        api = self._podman().api
         try:
-            inspected = api.get(f"/containers/{container_id}/json")
-            inspected.raise_for_status()
-            engine_pid = int(inspected.json()["State"]["Pid"])
+            engine_pid = int(self._get_json(f"/containers/{container_id}/json")["State"]["Pid"])
             # A killed process is gone only once Podman has passed on its output: the started ones' is read on.
             with draining(list(self._started.get(container_id, ()))):
                 settled = kill_from_outside(
@@ -397,9 +394,23 @@ class PodmanEngine:
         self._podman().api.post(f"/containers/{container_id}/kill", params={"signal": KILL_SIGNAL}).raise_for_status()
 
     def _top(self, container_id: str) -> list[Process]:
-        response = self._podman().api.get(f"/containers/{container_id}/top", params={"ps_args": "pid,ppid,args"})
-        response.raise_for_status()
-        return top_processes(response.json())
+        return top_processes(self._get_json(f"/containers/{container_id}/top", {"ps_args": "pid,ppid,args"}))
+
+    def _get_json(self, path: str, params: dict[str, str] | None = None) -> Any:
+        """A GET's JSON answer. Podman 4.3 has been seen answering a container's inspect or `top` with an empty
+        body while the container's processes were being killed: asked again (three times at most) before a kill
+        is given up on and the sandbox removed."""
+        api = self._podman().api
+        for attempt in range(3):
+            response = api.get(path, params=params)
+            response.raise_for_status()
+            try:
+                return response.json()
+            except ValueError:
+                if attempt == 2:
+                    raise
+                time.sleep(0.05)
+        raise AssertionError("unreachable")
 
     def kill_all(self, ref: SandboxRef) -> None:
         self._kill_all(ref.id)

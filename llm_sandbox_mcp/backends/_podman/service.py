@@ -26,9 +26,9 @@ from urllib.parse import urlparse
 from podman import PodmanClient
 from podman.errors.exceptions import APIError
 
-from llm_sandbox_mcp.backends._endpoints import ENGINE_CONNECTIONS, podman_connections
 from llm_sandbox_mcp.backends._endpoints import Candidate as Candidate
 from llm_sandbox_mcp.backends._endpoints import connect as connect
+from llm_sandbox_mcp.backends._endpoints import podman_connections
 from llm_sandbox_mcp.backends._endpoints import unix_path as unix_path
 from llm_sandbox_mcp.errors import BackendUnavailable
 
@@ -92,7 +92,7 @@ def find(sockets: Sequence[Candidate]) -> tuple[PodmanClient, Candidate]:
         except OSError as exc:
             problem = exc.strerror or str(exc)
         else:
-            client = PodmanClient(base_url=candidate.url, timeout=API_TIMEOUT, max_pool_size=ENGINE_CONNECTIONS)
+            client = PodmanClient(base_url=candidate.url, timeout=API_TIMEOUT)
             problem = _not_podman(client)
             if problem is None:
                 return client, candidate
