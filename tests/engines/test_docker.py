@@ -34,7 +34,9 @@ def client(request: pytest.FixtureRequest) -> Iterator[docker.DockerClient]:
 
 
 def _ours(client: docker.DockerClient) -> list[str]:
-    found = client.containers.list(all=True, filters={"label": f"{_owner.INSTANCE}={_owner.INSTANCE_ID}"})
+    found = client.containers.list(
+        all=True, ignore_removed=True, filters={"label": f"{_owner.INSTANCE}={_owner.INSTANCE_ID}"}
+    )
     return [c.id or "" for c in found]
 
 
@@ -67,7 +69,7 @@ async def test_sweep_removes_sandboxes_of_dead_servers_only(client: docker.Docke
     try:
         mine = await backend.create(Executor(engine_settings("docker"), backend).spec_for(get_language("python")))
         swept = await backend.sweep()
-        remaining = {c.id for c in client.containers.list(all=True)}
+        remaining = {c.id for c in client.containers.list(all=True, ignore_removed=True)}
         assert swept >= 1
         assert stale.id not in remaining
         assert foreign.id in remaining  # another host's server may be alive: never judged dead
